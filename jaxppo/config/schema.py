@@ -1,0 +1,240 @@
+"""The configuration schema of every jaxppo command (train, collect, evaluate, reward).
+
+Key names follow verl where the concept is the same (``actor.clip_ratio``,
+``actor.ppo_mini_batch_size``, ``algorithm.kl_ctrl.target_kl``, ...). One schema serves all
+commands; a command reads the sections it needs. Each section is a frozen dataclass; cross-field
+rules are checked in ``__post_init__`` and name the offending key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from jaxppo.config.core import ConfigError, check, field
+
+KLKind = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "k3+"]
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy (and, by default, reference and critic trunk) checkpoint."""
+
+    path: str = "../shared/models/stories260K"  # HF directory or a .gguf file
+    tokenizer_path: str | None = None  # defaults to ``path`` (or its directory for .gguf)
+    param_dtype: DType = "float32"
+    compute_dtype: DType = "float32"
+    remat: bool = False
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = field(1e-6, gt=0.0)
+    weight_decay: float = field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = field(1e-8, gt=0.0)
+    warmup_steps: int = field(0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    min_lr_ratio: float = field(0.0, ge=0.0, le=1.0)
+    grad_clip: float = field(1.0, gt=0.0)
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    clip_ratio: float = field(0.2, gt=0.0, lt=1.0)
+    clip_ratio_low: float | None = field(None, gt=0.0, lt=1.0)  # defaults to clip_ratio
+    clip_ratio_high: float | None = field(None, gt=0.0)  # defaults to clip_ratio
+    clip_ratio_c: float = field(3.0, gt=1.0)  # dual-clip lower bound for negative advantages
+    ppo_mini_batch_size: int = field(64, ge=1)
+    ppo_micro_batch_size: int | None = field(None, ge=1)  # gradient accumulation chunk
+    ppo_epochs: int = field(1, ge=1)
+    entropy_coeff: float = field(0.0, ge=0.0)
+    use_kl_loss: bool = True
+    kl_loss_coef: float = field(0.001, ge=0.0)
+    kl_loss_type: KLKind = "k1+"
+    loss_agg_mode: AggMode = "token-mean"
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self):
+        if self.ppo_micro_batch_size is not None:
+            check(self.ppo_mini_batch_size % self.ppo_micro_batch_size == 0, "actor.ppo_micro_batch_size",
+                  f"must divide ppo_mini_batch_size={self.ppo_mini_batch_size}, got {self.ppo_micro_batch_size}")
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    model_path: str | None = None  # defaults to model.path
+    share_trunk: bool = False  # value head on the actor's trunk instead of a separate model
+    ppo_epochs: int = field(4, ge=1)
+    cliprange_value: float = field(0.5, gt=0.0)
+    vf_coef: float = field(1.0, ge=0.0)  # used when share_trunk=true (one joint loss)
+    loss_agg_mode: AggMode = "token-mean"
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+
+
+@dataclass(frozen=True)
+class KLCtrlConfig:
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = field(0.001, ge=0.0)
+    target_kl: float = field(0.1, gt=0.0)
+    horizon: int = field(10000, ge=1)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    gamma: float = field(0.99, ge=0.0, le=1.0)
+    lam: float = field(0.95, ge=0.0, le=1.0)
+    norm_adv: bool = True  # whiten advantages over the prepared dataset
+    use_kl_in_reward: bool = False
+    kl_penalty: KLKind = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    priority_agg: Literal["mean", "max"] = "mean"  # per-sequence priority p_i = agg_t |delta_t| + eps
+
+
+@dataclass(frozen=True)
+class ImportanceConfig:
+    """Behaviour correction rho = pi_prox / mu (detached)."""
+
+    enabled: bool = True
+    level: Literal["token", "sequence", "geometric"] = "token"
+    mode: Literal["truncate", "mask"] = "truncate"
+    threshold: float = field(2.0, gt=0.0)  # truncation cap C, or the upper bound of the mask
+    lower: float | None = field(None, ge=0.0)  # lower bound of the mask (mode=mask)
+    veto_threshold: float | None = field(None, gt=0.0)  # drop a sequence with any token ratio below this
+    cap_rule: bool = False  # the source article's rule: ratios above 1.5 are set to 1.2
+
+    def __post_init__(self):
+        if self.lower is not None:
+            check(self.lower < self.threshold, "importance.lower",
+                  f"must be below importance.threshold={self.threshold}, got {self.lower}")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    sampling: Literal["prioritized", "uniform"] = "prioritized"
+    prioritization: Literal["proportional", "rank"] = "proportional"
+    capacity: int = field(10000, ge=1)
+    alpha: float = field(0.6, ge=0.0)
+    beta0: float = field(0.4, ge=0.0, le=1.0)
+    beta_steps: int | None = field(None, ge=1)  # defaults to trainer.total_steps
+    eps: float = field(1e-6, gt=0.0)
+    refresh_every: int = field(100, ge=1)
+
+
+@dataclass(frozen=True)
+class PFPPOConfig:
+    """Policy filtration (arXiv 2409.06957)."""
+
+    enabled: bool = False
+    filter: Literal["none", "best_of_n", "best_random", "best_worst", "pow"] = "none"
+    reweight_method: Literal["none", "pow", "max_min", "max_random"] = "none"  # batch level, verl semantics
+    weight_pow: float = field(1.0, ge=0.0)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str | None = None  # local json/jsonl(.gz)/parquet/arrow file, or a hub dataset name
+    split: str = "train"
+    schema: Literal["preference", "scored"] = "scored"
+    columns: dict[str, str] = field(default_factory=dict)  # our name -> the dataset's column name
+    max_prompt_length: int = field(64, ge=1)
+    max_response_length: int = field(64, ge=1)
+    truncation: Literal["error", "left", "right", "skip"] = "left"
+    eval_fraction: float = field(0.1, ge=0.0, lt=1.0)
+    max_rows: int | None = field(None, ge=1)
+    cache_dir: str | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Behaviour sampling for ``jaxppo.collect`` and evaluation generations."""
+
+    prompts: str | None = None  # a prompt file (one prompt a line, or jsonl with a 'prompt' key)
+    n: int = field(4, ge=1)  # responses per prompt
+    temperature: float = field(1.0, ge=0.0)
+    top_k: int = field(0, ge=0)  # 0 = off
+    top_p: float = field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = field(32, ge=1)
+    batch_size: int = field(32, ge=1)
+    chat_template: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    kind: Literal["vader", "length", "format", "model"] = "vader"
+    model_path: str | None = None  # reward-model directory, kind=model
+    target_length: int = field(32, ge=1)  # length reward target
+    # reward-model training
+    lr: float = field(1e-4, gt=0.0)
+    epochs: int = field(1, ge=1)
+    batch_size: int = field(16, ge=1)
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    data: int = field(1, ge=1)
+    fsdp: int = field(1, ge=1)
+    tensor: int = field(1, ge=1)
+    # logical axis name -> mesh axis (or list of mesh axes); null = replicated
+    rules: dict[str, str | tuple[str, ...] | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GuardsConfig:
+    kl_threshold: float = field(0.05, gt=0.0)  # KL above this -> lower the LR
+    kl_lr: float = field(1e-6, gt=0.0)
+    length_factor: float = field(2.0, gt=1.0)  # response length > factor x running mean -> warning
+    ppl_every: int = field(500, ge=1)
+    ppl_tolerance: float = field(0.2, gt=0.0)  # roll back if held-out ppl > (1 + tol) x baseline
+    max_nan_steps: int = field(3, ge=1)  # consecutive NaN/inf updates before a rollback
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    output_dir: str = "runs/default"
+    total_steps: int = field(100, ge=1)
+    seed: int = 0
+    save_every: int = field(50, ge=1)
+    keep_last: int = field(3, ge=1)
+    resume: Literal["auto", "never"] = "auto"
+    log_every: int = field(1, ge=1)
+    eval_every: int | None = field(None, ge=1)
+    eval_prompts: int = field(64, ge=1)
+    progress: bool = True
+    tensorboard: bool = True
+    plots: bool = True
+    save_hf: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    importance: ImportanceConfig = field(default_factory=ImportanceConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self):
+        if self.replay.capacity < self.actor.ppo_mini_batch_size:
+            raise ConfigError(f"replay.capacity={self.replay.capacity} is smaller than "
+                              f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size}")

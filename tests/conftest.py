@@ -1,0 +1,30 @@
+"""Test setup: 8 simulated CPU devices (sharded code is checked against the single-device result)."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=40, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile("ci")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("JAXPPO_SHARED", REPO.parent / "shared"))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The project's ``../shared`` assets folder; fails loudly when it is missing."""
+    if not SHARED.is_dir():
+        pytest.fail(f"../shared assets not found at {SHARED} (set JAXPPO_SHARED to its location)")
+    return SHARED
