@@ -152,8 +152,15 @@ class DataConfig:
     truncation: Literal["error", "left", "right", "skip"] = "left"
     eval_fraction: float = field(0.1, ge=0.0, lt=1.0)
     max_rows: int | None = field(None, ge=1)
-    cache_dir: str | None = None
+    cache_dir: str | None = None  # behaviour log-prob cache (default: a jaxppo_cache folder beside data.path)
     seed: int = 0
+    # preference rows: "explicit" prompt/chosen/rejected, "hh" HH-RLHF dialogues, "auto" = explicit if a prompt column
+    preference_format: Literal["auto", "explicit", "hh"] = "auto"
+    max_text_chars: int = field(100_000, ge=1)  # longer text fields are skipped (text_too_long)
+    chat_template: bool = False  # render text prompts with the tokenizer's chat template
+    buckets: int = field(1, ge=1)  # static length buckets per axis (1 = one fixed shape)
+    bucket_multiple: int = field(8, ge=1)  # bucket lengths are multiples of this
+    behaviour_batch_size: int = field(32, ge=1)  # batch size of the behaviour log-prob pass
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,8 @@ class RolloutConfig:
     batch_size: int = field(32, ge=1)
     chat_template: bool = False
     seed: int = 0
+    max_prompts: int | None = field(None, ge=1)  # use only the first prompts of the file
+    output_format: Literal["parquet", "jsonl"] = "parquet"
 
 
 @dataclass(frozen=True)
@@ -176,10 +185,16 @@ class RewardConfig:
     kind: Literal["vader", "length", "format", "model"] = "vader"
     model_path: str | None = None  # reward-model directory, kind=model
     target_length: int = field(32, ge=1)  # length reward target
+    format_pattern: str = r"[A-Z].*[.!?]"  # format reward: 1 if the stripped response fully matches
     # reward-model training
     lr: float = field(1e-4, gt=0.0)
     epochs: int = field(1, ge=1)
     batch_size: int = field(16, ge=1)
+    weight_decay: float = field(0.0, ge=0.0)
+    grad_clip: float = field(1.0, gt=0.0)
+    warmup_steps: int = field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    eval_batch_size: int = field(64, ge=1)
 
 
 @dataclass(frozen=True)

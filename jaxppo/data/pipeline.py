@@ -1,0 +1,77 @@
+"""File -> validated rows -> fixed-shape arrays, driven by ``cfg.data`` (a :class:`DataConfig`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from jaxppo.config.schema import DataConfig
+from jaxppo.data.loading import read_records
+from jaxppo.data.report import DataReport
+from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
+from jaxppo.data.tokenize import tokenize_preference, tokenize_scored
+from jaxppo.data.validation import require_rows, validate_preference, validate_scored
+
+
+@dataclasses.dataclass
+class LoadedRows:
+    """The usable rows of a dataset in its schema, with the report of what was dropped."""
+
+    schema: str  # "preference" | "scored"
+    rows: list[PreferencePair] | list[ScoredTrajectory]
+    report: DataReport
+
+
+def rows_from_records(records: list[dict[str, Any]], cfg: DataConfig, report: DataReport | None = None) -> LoadedRows:
+    """Validate in-memory ``records`` with the schema and column mapping of ``cfg``."""
+    report = report if report is not None else DataReport(source=str(cfg.path or "<memory>"))
+    if cfg.schema == "preference":
+        rows = validate_preference(records, columns=cfg.columns, max_text_chars=cfg.max_text_chars,
+                                   report=report, preference_format=cfg.preference_format)
+    else:
+        rows = validate_scored(records, columns=cfg.columns, max_text_chars=cfg.max_text_chars, report=report)
+    require_rows(rows, report)
+    return LoadedRows(cfg.schema, rows, report)
+
+
+def load_rows(cfg: DataConfig) -> LoadedRows:
+    """Read ``cfg.path`` and validate its rows (``cfg.schema``, ``cfg.columns``, ``cfg.max_rows``).
+
+    Raises :class:`DataError` when the file cannot be read or no row is usable.
+    """
+    report = DataReport(source=str(cfg.path))
+    records = read_records(cfg.path, split=cfg.split, max_rows=cfg.max_rows, report=report)
+    return rows_from_records(records, cfg, report)
+
+
+def tokenize_rows(loaded: LoadedRows, tokenizer: Any, cfg: DataConfig) -> dict[str, np.ndarray]:
+    """Fixed-shape arrays of ``loaded`` rows (see :mod:`jaxppo.data.tokenize`); updates its report.
+
+    Raises :class:`DataError` when tokenization leaves no row.
+    """
+    kw = dict(max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length,
+              truncation=cfg.truncation, chat_template=cfg.chat_template, report=loaded.report)
+    if loaded.schema == "preference":
+        arrays = tokenize_preference(loaded.rows, tokenizer, **kw)
+    else:
+        arrays = tokenize_scored(loaded.rows, tokenizer, **kw)
+    require_rows(list(arrays["index"]), loaded.report)
+    return arrays
+
+
+def split_by_group(keys: list[Any], eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_rows, eval_rows)``: the distinct ``keys`` (e.g. prompts) are shuffled with ``seed``
+    and the first ``round(eval_fraction · n_keys)`` go to eval, so no key is on both sides.
+
+    With ``eval_fraction > 0`` and at least two keys, both sides get at least one key.
+    """
+    distinct = list(dict.fromkeys(keys))
+    order = np.random.default_rng(seed).permutation(len(distinct))
+    n_eval = int(round(eval_fraction * len(distinct)))
+    if eval_fraction > 0 and len(distinct) >= 2:
+        n_eval = min(max(n_eval, 1), len(distinct) - 1)
+    eval_keys = {distinct[j] for j in order[:n_eval]}
+    is_eval = np.array([k in eval_keys for k in keys], dtype=bool)
+    return np.nonzero(~is_eval)[0], np.nonzero(is_eval)[0]

@@ -1,0 +1,133 @@
+"""Accounting of every row read, kept, skipped or truncated on the way from a file to arrays.
+
+Nothing is dropped silently: each skip goes through :meth:`DataReport.skip` with a named reason
+(one of :data:`SKIP_REASONS`) and a message naming the row, each truncation through
+:meth:`DataReport.truncate`. The report prints a summary and logs it (``logging``), and
+``to_dict()`` gives a JSON-safe view for ``metrics.json`` / ``metadata.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable
+
+logger = logging.getLogger("jaxppo.data")
+
+# reason -> what it means (used in messages and the docs of the validators)
+SKIP_REASONS: dict[str, str] = {
+    "invalid_json": "a line of a JSON-lines file is not valid JSON or not an object",
+    "missing_field": "a required column is missing or null",
+    "not_a_string": "a text field is not a string",
+    "empty_text": "a text field is empty or only whitespace",
+    "invalid_utf8": "a text field is not valid UTF-8",
+    "text_too_long": "a text field is longer than data.max_text_chars characters",
+    "identical_pair": "chosen and rejected are the same text",
+    "no_assistant_turn": "an HH-RLHF dialogue has no '\\n\\nAssistant:' turn",
+    "prompt_mismatch": "the chosen and rejected dialogues of an HH-RLHF pair have different prompts",
+    "bad_score": "the score is not a number",
+    "non_finite_score": "the score is NaN or infinite",
+    "bad_logprobs": "behaviour log-probs are not a list of finite numbers <= 0",
+    "logprob_length_mismatch": "the number of behaviour log-probs differs from the number of response tokens",
+    "bad_token_ids": "prompt_ids/response_ids are not a list of token ids inside the vocabulary",
+    "bad_group_id": "group_id is not an integer or a string",
+    "empty_tokens": "a text tokenizes to no tokens",
+    "prompt_too_long": "the prompt has more than data.max_prompt_length tokens (data.truncation=skip)",
+    "response_too_long": "the response has more than data.max_response_length tokens (data.truncation=skip)",
+}
+
+_MAX_EXAMPLES = 3
+
+
+class DataError(ValueError):
+    """Input data that cannot be used; the message says which file/row/field and why."""
+
+
+@dataclasses.dataclass
+class DataReport:
+    """Counters of a data pipeline run.
+
+    ``rows_seen`` rows were read, ``rows_kept`` survived; ``skipped[reason]`` counts dropped
+    rows by reason, ``truncated[what]`` counts truncated fields and ``tokens_dropped[what]`` the
+    tokens cut away. ``examples[reason]`` keeps the first few messages of each reason.
+    """
+
+    source: str = ""
+    rows_seen: int = 0
+    rows_kept: int = 0
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+    truncated: dict[str, int] = dataclasses.field(default_factory=dict)
+    tokens_dropped: dict[str, int] = dataclasses.field(default_factory=dict)
+    examples: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    notes: dict[str, int | float | str] = dataclasses.field(default_factory=dict)
+
+    def skip(self, reason: str, message: str) -> None:
+        """Count one dropped row under ``reason`` (must be a known reason) with a message."""
+        if reason not in SKIP_REASONS:
+            raise KeyError(f"unknown skip reason {reason!r}; known: {sorted(SKIP_REASONS)}")
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        ex = self.examples.setdefault(reason, [])
+        if len(ex) < _MAX_EXAMPLES:
+            ex.append(message)
+
+    def truncate(self, what: str, n_tokens: int) -> None:
+        """Count one truncation of field ``what`` that cut ``n_tokens`` tokens."""
+        self.truncated[what] = self.truncated.get(what, 0) + 1
+        self.tokens_dropped[what] = self.tokens_dropped.get(what, 0) + int(n_tokens)
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    def to_dict(self) -> dict:
+        """JSON-safe dict of all counters (``skipped/<reason>`` style keys are left to callers)."""
+        return {
+            "source": self.source,
+            "rows_seen": self.rows_seen,
+            "rows_kept": self.rows_kept,
+            "rows_skipped": self.n_skipped,
+            "skipped": dict(sorted(self.skipped.items())),
+            "truncated": dict(sorted(self.truncated.items())),
+            "tokens_dropped": dict(sorted(self.tokens_dropped.items())),
+            "examples": {k: list(v) for k, v in sorted(self.examples.items())},
+            "notes": dict(self.notes),
+        }
+
+    def flat_metrics(self, prefix: str = "data/") -> dict[str, int]:
+        """Flat ``{prefix + 'skipped/<reason>': n, ...}`` counters for metric logs."""
+        out = {f"{prefix}rows_seen": self.rows_seen, f"{prefix}rows_kept": self.rows_kept,
+               f"{prefix}rows_skipped": self.n_skipped}
+        out.update({f"{prefix}skipped/{k}": v for k, v in sorted(self.skipped.items())})
+        out.update({f"{prefix}truncated/{k}": v for k, v in sorted(self.truncated.items())})
+        return out
+
+    def summary(self) -> str:
+        """A few human-readable lines: kept/seen, each skip reason with an example, truncations."""
+        lines = [f"data {self.source or '<memory>'}: kept {self.rows_kept} of {self.rows_seen} rows, "
+                 f"skipped {self.n_skipped}"]
+        for reason, n in sorted(self.skipped.items()):
+            example = self.examples.get(reason, [""])[0]
+            lines.append(f"  skipped {n:6d} {reason}: {SKIP_REASONS[reason]} (e.g. {example})")
+        for what, n in sorted(self.truncated.items()):
+            lines.append(f"  truncated {n:6d} {what} ({self.tokens_dropped.get(what, 0)} tokens cut)")
+        for k, v in self.notes.items():
+            lines.append(f"  {k}: {v}")
+        return "\n".join(lines)
+
+    def emit(self, print_fn: Callable[[str], None] | None = print) -> None:
+        """Print the summary (unless ``print_fn`` is None) and log it at INFO level."""
+        text = self.summary()
+        if print_fn is not None:
+            print_fn(text)
+        logger.info(text)
+
+    def merge(self, other: "DataReport") -> None:
+        """Add ``other``'s skip/truncation counters into this report (rows counters untouched)."""
+        for k, v in other.skipped.items():
+            self.skipped[k] = self.skipped.get(k, 0) + v
+            ex = self.examples.setdefault(k, [])
+            ex.extend(other.examples.get(k, [])[: max(0, _MAX_EXAMPLES - len(ex))])
+        for k, v in other.truncated.items():
+            self.truncated[k] = self.truncated.get(k, 0) + v
+        for k, v in other.tokens_dropped.items():
+            self.tokens_dropped[k] = self.tokens_dropped.get(k, 0) + v

@@ -1,0 +1,72 @@
+"""The two row schemas and the column mapping from a dataset's names to ours.
+
+- **preference** pairs: ``prompt``, ``chosen``, ``rejected`` (responses), or Anthropic HH-RLHF
+  rows with only ``chosen`` / ``rejected`` full dialogues (split by :mod:`jaxppo.data.hh`);
+- **scored** trajectories: ``prompt``, ``response``, ``score`` and optionally
+  ``behaviour_logprobs`` (one per response token), ``group_id``, ``prompt_ids``, ``response_ids``.
+
+``data.columns`` maps *our* field name to the dataset's column name, e.g.
+``{"prompt": "question", "response": "answer", "score": "reward"}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from jaxppo.data.report import DataError
+
+PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
+SCORED_FIELDS = ("prompt", "response", "score", "behaviour_logprobs", "group_id", "prompt_ids", "response_ids")
+SCORED_REQUIRED = ("prompt", "response", "score")
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferencePair:
+    """One human preference: ``chosen`` is preferred over ``rejected`` as an answer to ``prompt``."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    index: int  # row number in the source
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredTrajectory:
+    """One response with its sequence score; token-level fields are optional."""
+
+    prompt: str
+    response: str
+    score: float
+    index: int  # row number in the source
+    behaviour_logprobs: np.ndarray | None = None  # float32 [T_response]
+    group_id: int | str | None = None
+    prompt_ids: np.ndarray | None = None  # int32
+    response_ids: np.ndarray | None = None  # int32
+
+
+def check_columns(columns: Mapping[str, str], schema: str) -> None:
+    """Raise DataError when ``data.columns`` names a field that ``schema`` does not have."""
+    known = PREFERENCE_FIELDS if schema == "preference" else SCORED_FIELDS
+    for ours, theirs in columns.items():
+        if ours not in known:
+            raise DataError(f"data.columns: {ours!r} is not a field of the {schema} schema "
+                            f"(fields: {', '.join(known)}); keys are our names, values the dataset's columns")
+        if not isinstance(theirs, str) or not theirs:
+            raise DataError(f"data.columns.{ours}: expected a column name, got {theirs!r}")
+
+
+def map_columns(record: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
+    """``record`` with the dataset's column names replaced by ours (unmapped keys kept as they are)."""
+    if not columns:
+        return dict(record)
+    theirs_to_ours = {v: k for k, v in columns.items()}
+    out = {}
+    for k, v in record.items():
+        if k in theirs_to_ours:
+            out[theirs_to_ours[k]] = v
+        elif k not in columns:  # a same-named column that is not the mapped one stays out of the way
+            out[k] = v
+    return out

@@ -1,0 +1,319 @@
+"""Tokenization to fixed shapes: left-padded prompts, right-padded responses with masks.
+
+Layout (shared with the trainer and the behaviour log-probs): the model input of row ``i`` is
+``concat(prompt_ids[i], response_ids[i])`` with attention mask ``concat(prompt_mask[i],
+response_mask[i])``; prompts are **left**-padded to ``P = data.max_prompt_length`` and responses
+**right**-padded to ``R = data.max_response_length``, so the last prompt token always sits at
+position ``P - 1`` and response token ``t`` is predicted by the logits at ``P + t - 1``.
+
+Truncation policy ``data.truncation`` for a text longer than its budget:
+
+- ``"left"``: an over-long prompt loses its first tokens (the end, next to the response, is kept);
+- ``"right"``: an over-long prompt loses its last tokens;
+- in both cases an over-long response keeps its first ``R`` tokens (and its behaviour log-probs
+  are cut with it): a response is a continuation of its prompt, so only its end can go;
+- ``"skip"``: rows that do not fit are dropped (``prompt_too_long`` / ``response_too_long``);
+- ``"error"``: the first row that does not fit raises :class:`DataError`.
+
+Every truncation is counted in the :class:`DataReport` (``truncated`` and ``tokens_dropped``).
+:func:`bucketize` splits fixed-shape arrays into a few smaller static shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+
+from jaxppo.data.report import DataError, DataReport
+from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
+
+Truncation = Literal["error", "left", "right", "skip"]
+
+
+class _Skip(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The id used for padding: the tokenizer's pad token, else its EOS token, else 0."""
+    for name in ("pad_token_id", "eos_token_id"):
+        v = getattr(tokenizer, name, None)
+        if isinstance(v, int):
+            return v
+    return 0
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: bool = False) -> list[list[int]]:
+    """Token ids of each prompt: with the tokenizer's special tokens (e.g. BOS), or — with
+    ``chat_template`` — the user turn rendered by the tokenizer's chat template plus the
+    assistant generation prompt."""
+    if not prompts:
+        return []
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DataError("chat_template=true but the tokenizer has no chat template")
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                               add_generation_prompt=True) for p in prompts]
+        return [list(x) for x in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]
+    return [list(x) for x in tokenizer(list(prompts), add_special_tokens=True, verbose=False)["input_ids"]]
+
+
+def encode_responses(tokenizer: Any, responses: Sequence[str]) -> list[list[int]]:
+    """Token ids of each response, without special tokens."""
+    if not responses:
+        return []
+    return [list(x) for x in tokenizer(list(responses), add_special_tokens=False, verbose=False)["input_ids"]]
+
+
+def fit_prompt(ids: Sequence[int], max_len: int, truncation: Truncation) -> tuple[list[int], int]:
+    """``(ids cut to max_len by the policy, number of tokens cut)``; raises ``_Skip`` for skip/error."""
+    ids = list(ids)
+    n = len(ids) - max_len
+    if n <= 0:
+        return ids, 0
+    if truncation in ("skip", "error"):
+        raise _Skip("prompt_too_long", f"prompt has {len(ids)} tokens > data.max_prompt_length={max_len}")
+    return (ids[n:] if truncation == "left" else ids[:max_len]), n
+
+
+def fit_response(ids: Sequence[int], max_len: int, truncation: Truncation) -> tuple[list[int], int]:
+    """``(first max_len ids, number cut)``; raises ``_Skip`` for skip/error."""
+    ids = list(ids)
+    n = len(ids) - max_len
+    if n <= 0:
+        return ids, 0
+    if truncation in ("skip", "error"):
+        raise _Skip("response_too_long", f"response has {len(ids)} tokens > data.max_response_length={max_len}")
+    return ids[:max_len], n
+
+
+def left_pad(seqs: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids [N, length] int32, mask [N, length] int32)`` with each sequence flush right."""
+    ids = np.full((len(seqs), length), pad_id, dtype=np.int32)
+    mask = np.zeros((len(seqs), length), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        if len(s) > length:
+            raise ValueError(f"sequence {i} has {len(s)} tokens > {length}")
+        if len(s):
+            ids[i, length - len(s):] = s
+            mask[i, length - len(s):] = 1
+    return ids, mask
+
+
+def right_pad(seqs: Sequence[Sequence[float]], length: int, pad_value: float | int,
+              dtype: Any = np.int32) -> tuple[np.ndarray, np.ndarray]:
+    """``(values [N, length], mask [N, length] int32)`` with each sequence flush left."""
+    vals = np.full((len(seqs), length), pad_value, dtype=dtype)
+    mask = np.zeros((len(seqs), length), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        if len(s) > length:
+            raise ValueError(f"sequence {i} has {len(s)} tokens > {length}")
+        vals[i, :len(s)] = s
+        mask[i, :len(s)] = 1
+    return vals, mask
+
+
+def _handle(skip: _Skip, index: int, truncation: Truncation, report: DataReport) -> None:
+    msg = f"row {index}: {skip.message}"
+    if truncation == "error":
+        raise DataError(f"{msg} (data.truncation=error; use left/right to truncate or skip to drop such rows)")
+    report.skip(skip.reason, msg)
+
+
+def _check_vocab(ids: Sequence[int], name: str, vocab_size: int | None) -> None:
+    if vocab_size is not None and len(ids) and max(ids) >= vocab_size:
+        raise _Skip("bad_token_ids", f"{name} has token id {max(ids)} >= vocabulary size {vocab_size}")
+
+
+def group_ids(rows: Sequence[ScoredTrajectory]) -> np.ndarray:
+    """Dense int32 group ids: rows with the same ``group_id`` (or, when it is absent, the same
+    prompt text) share an id; ids are numbered in order of first appearance."""
+    table: dict[tuple[str, Any], int] = {}
+    out = np.empty(len(rows), dtype=np.int32)
+    for i, r in enumerate(rows):
+        key = ("prompt", r.prompt) if r.group_id is None else ("group", r.group_id)
+        out[i] = table.setdefault(key, len(table))
+    return out
+
+
+def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_prompt_length: int,
+                    max_response_length: int, truncation: Truncation = "left", chat_template: bool = False,
+                    report: DataReport | None = None) -> dict[str, np.ndarray]:
+    """Fixed-shape arrays of scored trajectories.
+
+    Returns ``prompt_ids``/``prompt_mask`` [N, P] (left padded), ``response_ids``/``response_mask``
+    [N, R] (right padded), ``behaviour_logprobs`` [N, R] float32 (0 where absent),
+    ``has_behaviour`` [N] bool (row came with logged log-probs), ``score`` [N] float32,
+    ``group_id`` [N] int32, ``index`` [N] int32 (source row). Rows with ``prompt_ids`` /
+    ``response_ids`` use them as they are; the others are tokenized. Behaviour log-probs must have
+    one entry per response token (``logprob_length_mismatch`` otherwise).
+    """
+    report = report if report is not None else DataReport()
+    vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    need_p = [i for i, r in enumerate(rows) if r.prompt_ids is None]
+    need_r = [i for i, r in enumerate(rows) if r.response_ids is None]
+    p_tok = dict(zip(need_p, encode_prompts(tokenizer, [rows[i].prompt for i in need_p], chat_template=chat_template)))
+    r_tok = dict(zip(need_r, encode_responses(tokenizer, [rows[i].response for i in need_r])))
+    kept: list[ScoredTrajectory] = []
+    prompts, responses, logprobs = [], [], []
+    for i, r in enumerate(rows):
+        try:
+            p = list(r.prompt_ids) if r.prompt_ids is not None else p_tok[i]
+            y = list(r.response_ids) if r.response_ids is not None else r_tok[i]
+            _check_vocab(p, "prompt_ids", vocab)
+            _check_vocab(y, "response_ids", vocab)
+            if not p:
+                raise _Skip("empty_tokens", "the prompt tokenizes to no tokens")
+            if not y:
+                raise _Skip("empty_tokens", "the response tokenizes to no tokens")
+            lp = r.behaviour_logprobs
+            if lp is not None and len(lp) != len(y):
+                raise _Skip("logprob_length_mismatch",
+                            f"{len(lp)} behaviour_logprobs for {len(y)} response tokens")
+            p2, cut_p = fit_prompt(p, max_prompt_length, truncation)
+            y2, cut_y = fit_response(y, max_response_length, truncation)
+        except _Skip as s:
+            _handle(s, r.index, "skip" if s.reason not in ("prompt_too_long", "response_too_long") else truncation,
+                    report)
+            continue
+        if cut_p:
+            report.truncate("prompt", cut_p)
+        if cut_y:
+            report.truncate("response", cut_y)
+        kept.append(r)
+        prompts.append(p2)
+        responses.append(y2)
+        logprobs.append(None if lp is None else np.asarray(lp, np.float32)[: len(y2)])
+    pad = pad_id_of(tokenizer)
+    prompt_ids, prompt_mask = left_pad(prompts, max_prompt_length, pad)
+    response_ids, response_mask = right_pad(responses, max_response_length, pad, np.int32)
+    lp_arr, _ = right_pad([x if x is not None else np.zeros(len(y), np.float32) for x, y in zip(logprobs, responses)],
+                          max_response_length, 0.0, np.float32)
+    report.rows_kept = len(kept)
+    return {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+        "response_ids": response_ids, "response_mask": response_mask,
+        "behaviour_logprobs": lp_arr,
+        "has_behaviour": np.array([x is not None for x in logprobs], dtype=bool),
+        "score": np.array([r.score for r in kept], dtype=np.float32),
+        "group_id": group_ids(kept),
+        "index": np.array([r.index for r in kept], dtype=np.int32),
+    }
+
+
+def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_prompt_length: int,
+                        max_response_length: int, truncation: Truncation = "left", chat_template: bool = False,
+                        report: DataReport | None = None) -> dict[str, np.ndarray]:
+    """Fixed-shape arrays of preference pairs.
+
+    Returns ``prompt_ids``/``prompt_mask`` [N, P] (left padded, shared by both answers),
+    ``chosen_ids``/``chosen_mask`` and ``rejected_ids``/``rejected_mask`` [N, R] (right padded),
+    ``index`` [N] int32 (source row). An empty response is allowed (the reward is then read at the
+    last prompt token); pairs whose two answers become identical after truncation are skipped as
+    ``identical_pair``.
+    """
+    report = report if report is not None else DataReport()
+    p_tok = encode_prompts(tokenizer, [x.prompt for x in pairs], chat_template=chat_template)
+    c_tok = encode_responses(tokenizer, [x.chosen for x in pairs])
+    r_tok = encode_responses(tokenizer, [x.rejected for x in pairs])
+    kept, prompts, chosen, rejected = [], [], [], []
+    for pair, p, c, r in zip(pairs, p_tok, c_tok, r_tok):
+        try:
+            if not p:
+                raise _Skip("empty_tokens", "the prompt tokenizes to no tokens")
+            p2, cut_p = fit_prompt(p, max_prompt_length, truncation)
+            c2, cut_c = fit_response(c, max_response_length, truncation)
+            r2, cut_r = fit_response(r, max_response_length, truncation)
+            if c2 == r2:
+                raise _Skip("identical_pair", f"chosen and rejected are identical in their first "
+                                              f"{max_response_length} tokens")
+        except _Skip as s:
+            _handle(s, pair.index, truncation if s.reason.endswith("_too_long") else "skip", report)
+            continue
+        for what, n in (("prompt", cut_p), ("chosen", cut_c), ("rejected", cut_r)):
+            if n:
+                report.truncate(what, n)
+        kept.append(pair)
+        prompts.append(p2)
+        chosen.append(c2)
+        rejected.append(r2)
+    pad = pad_id_of(tokenizer)
+    prompt_ids, prompt_mask = left_pad(prompts, max_prompt_length, pad)
+    chosen_ids, chosen_mask = right_pad(chosen, max_response_length, pad, np.int32)
+    rejected_ids, rejected_mask = right_pad(rejected, max_response_length, pad, np.int32)
+    report.rows_kept = len(kept)
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "chosen_ids": chosen_ids,
+            "chosen_mask": chosen_mask, "rejected_ids": rejected_ids, "rejected_mask": rejected_mask,
+            "index": np.array([x.index for x in kept], dtype=np.int32)}
+
+
+# ----------------------------------------------------------------------------- bucketing
+
+def bucket_lengths(max_len: int, n_buckets: int, multiple_of: int = 8) -> tuple[int, ...]:
+    """Up to ``n_buckets`` increasing lengths ending at ``max_len``: ``ceil(max_len·k/n)`` rounded
+    up to a multiple of ``multiple_of`` (capped at ``max_len``), duplicates removed."""
+    if n_buckets < 1 or max_len < 1 or multiple_of < 1:
+        raise ValueError(f"need n_buckets, max_len, multiple_of >= 1, got {n_buckets}, {max_len}, {multiple_of}")
+    out = set()
+    for k in range(1, n_buckets + 1):
+        L = math.ceil(max_len * k / n_buckets)
+        out.add(min(max_len, multiple_of * math.ceil(L / multiple_of)))
+    return tuple(sorted(out))
+
+
+SCORED_PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+SCORED_RESPONSE_KEYS = ("response_ids", "response_mask", "behaviour_logprobs")
+PREFERENCE_RESPONSE_KEYS = ("chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask")
+
+
+def bucketize(arrays: Mapping[str, np.ndarray], *, n_buckets: int, multiple_of: int = 8,
+              prompt_keys: Sequence[str] = SCORED_PROMPT_KEYS,
+              response_keys: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
+    """Split fixed-shape arrays into groups of a few static shapes.
+
+    Each row goes to the smallest (prompt, response) bucket pair from :func:`bucket_lengths` that
+    holds its real tokens; prompt arrays keep their last ``Pb`` columns (they are left padded),
+    response arrays their first ``Rb`` columns (right padded), other arrays are indexed by row.
+    Every group has a ``row`` entry: its row numbers in ``arrays``. No real token is dropped.
+    """
+    if response_keys is None:
+        response_keys = PREFERENCE_RESPONSE_KEYS if "chosen_ids" in arrays else SCORED_RESPONSE_KEYS
+    response_keys = [k for k in response_keys if k in arrays]
+    masks = [k for k in response_keys if k.endswith("_mask")]
+    if "prompt_mask" not in arrays or not masks:
+        raise KeyError(f"bucketize needs prompt_mask and a response mask among {sorted(arrays)}")
+    P = arrays["prompt_mask"].shape[1]
+    R = arrays[masks[0]].shape[1]
+    p_len = arrays["prompt_mask"].sum(axis=1)
+    r_len = np.max(np.stack([_right_extent(arrays[m]) for m in masks]), axis=0)
+    pb, rb = np.array(bucket_lengths(P, n_buckets, multiple_of)), np.array(bucket_lengths(R, n_buckets, multiple_of))
+    p_idx = np.searchsorted(pb, p_len, side="left")
+    r_idx = np.searchsorted(rb, r_len, side="left")
+    groups = []
+    for a in range(len(pb)):
+        for b in range(len(rb)):
+            rows = np.nonzero((p_idx == a) & (r_idx == b))[0]
+            if rows.size == 0:
+                continue
+            g = {}
+            for k, v in arrays.items():
+                if k in prompt_keys:
+                    g[k] = v[rows, P - pb[a]:]
+                elif k in response_keys:
+                    g[k] = v[rows, : rb[b]]
+                else:
+                    g[k] = v[rows]
+            g["row"] = rows.astype(np.int32)
+            groups.append(g)
+    return groups
+
+
+def _right_extent(mask: np.ndarray) -> np.ndarray:
+    """Position after the last nonzero entry of each row (0 for an all-zero row)."""
+    nz = mask != 0
+    last = mask.shape[1] - np.argmax(nz[:, ::-1], axis=1)
+    return np.where(nz.any(axis=1), last, 0)

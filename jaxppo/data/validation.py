@@ -1,0 +1,194 @@
+"""Row validation: every bad-input kind has a named counter (see ``report.SKIP_REASONS``).
+
+Each validator returns the usable rows as schema objects and records every dropped row in the
+:class:`~jaxppo.data.report.DataReport` with its reason and a message naming the row and field.
+:func:`require_rows` turns "nothing usable" into a :class:`DataError` that says why.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Iterable, Literal, Mapping
+
+import numpy as np
+
+from jaxppo.data import hh
+from jaxppo.data.report import SKIP_REASONS, DataError, DataReport
+from jaxppo.data.schemas import PreferencePair, ScoredTrajectory, check_columns, map_columns
+
+LOGPROB_TOLERANCE = 1e-5  # log-probs may exceed 0 by float rounding, not more
+
+
+class _Bad(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def check_text(value: Any, name: str, max_chars: int) -> str:
+    """``value`` as a usable text, or raise ``_Bad`` with the reason.
+
+    Reasons: ``missing_field`` (None), ``invalid_utf8`` (bytes that do not decode, or a str with
+    lone surrogates), ``not_a_string``, ``empty_text`` (empty/whitespace), ``text_too_long``.
+    """
+    if value is None:
+        raise _Bad("missing_field", f"{name!r} is missing or null")
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _Bad("invalid_utf8", f"{name!r} is not valid UTF-8 ({e})") from None
+    if not isinstance(value, str):
+        raise _Bad("not_a_string", f"{name!r} must be a string, got {type(value).__name__} {value!r:.40}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _Bad("invalid_utf8", f"{name!r} is not valid UTF-8 ({e.reason} at {e.start})") from None
+    if not value.strip():
+        raise _Bad("empty_text", f"{name!r} is empty")
+    if len(value) > max_chars:
+        raise _Bad("text_too_long", f"{name!r} has {len(value)} characters > data.max_text_chars={max_chars}")
+    return value
+
+
+def check_score(value: Any, name: str = "score") -> float:
+    """A finite float, or ``_Bad`` (``missing_field`` / ``bad_score`` / ``non_finite_score``)."""
+    if value is None:
+        raise _Bad("missing_field", f"{name!r} is missing or null")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _Bad("bad_score", f"{name!r} must be a number, got {type(value).__name__} {value!r:.40}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise _Bad("non_finite_score", f"{name!r} is {v}")
+    return v
+
+
+def _as_list(value: Any, name: str, reason: str) -> list:
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1:
+            raise _Bad(reason, f"{name!r} must be a flat list, got an array of shape {value.shape}")
+        return value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise _Bad(reason, f"{name!r} must be a list, got {type(value).__name__}")
+    return list(value)
+
+
+def check_logprobs(value: Any, name: str = "behaviour_logprobs") -> np.ndarray:
+    """Finite numbers <= 0 as float32 [T], or ``_Bad('bad_logprobs')``."""
+    items = _as_list(value, name, "bad_logprobs")
+    for t, x in enumerate(items):
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise _Bad("bad_logprobs", f"{name!r}[{t}] is not a number: {x!r:.40}")
+        if not math.isfinite(float(x)):
+            raise _Bad("bad_logprobs", f"{name!r}[{t}] is {float(x)}")
+        if float(x) > LOGPROB_TOLERANCE:
+            raise _Bad("bad_logprobs", f"{name!r}[{t}] = {float(x)} is a log-probability above 0")
+    return np.asarray(items, dtype=np.float32)
+
+
+def check_token_ids(value: Any, name: str) -> np.ndarray:
+    """Non-negative integers as int32 [T] (the vocabulary bound is checked at tokenization)."""
+    items = _as_list(value, name, "bad_token_ids")
+    for t, x in enumerate(items):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or int(x) < 0 or int(x) >= 2**31:
+            raise _Bad("bad_token_ids", f"{name!r}[{t}] is not a token id: {x!r:.40}")
+    if not items:
+        raise _Bad("empty_tokens", f"{name!r} is an empty list")
+    return np.asarray(items, dtype=np.int32)
+
+
+def check_group_id(value: Any) -> int | str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, str)):
+        raise _Bad("bad_group_id", f"'group_id' must be an integer or a string, got {type(value).__name__}")
+    return int(value) if isinstance(value, numbers.Integral) else value
+
+
+def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
+                    max_text_chars: int = 100_000, report: DataReport | None = None) -> list[ScoredTrajectory]:
+    """Usable scored trajectories of ``records``; every other row is counted in ``report``."""
+    columns = dict(columns or {})
+    check_columns(columns, "scored")
+    report = report if report is not None else DataReport()
+    out = []
+    for i, raw in enumerate(records):
+        report.rows_seen += 1
+        rec = map_columns(raw, columns)
+        try:
+            prompt = check_text(rec.get("prompt"), "prompt", max_text_chars)
+            response = check_text(rec.get("response"), "response", max_text_chars)
+            score = check_score(rec.get("score"))
+            lp = rec.get("behaviour_logprobs")
+            lp = None if lp is None else check_logprobs(lp)
+            pids = rec.get("prompt_ids")
+            pids = None if pids is None else check_token_ids(pids, "prompt_ids")
+            rids = rec.get("response_ids")
+            rids = None if rids is None else check_token_ids(rids, "response_ids")
+            if lp is not None and rids is not None and len(lp) != len(rids):
+                raise _Bad("logprob_length_mismatch",
+                           f"{len(lp)} behaviour_logprobs for {len(rids)} response_ids")
+            gid = check_group_id(rec.get("group_id"))
+        except _Bad as bad:
+            report.skip(bad.reason, f"row {i}: {bad.message}")
+            continue
+        out.append(ScoredTrajectory(prompt=prompt, response=response, score=score, index=i,
+                                    behaviour_logprobs=lp, group_id=gid, prompt_ids=pids, response_ids=rids))
+    report.rows_kept = len(out)
+    return out
+
+
+PreferenceFormat = Literal["auto", "explicit", "hh"]
+
+
+def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
+                        max_text_chars: int = 100_000, report: DataReport | None = None,
+                        preference_format: PreferenceFormat = "auto") -> list[PreferencePair]:
+    """Usable preference pairs of ``records``; every other row is counted in ``report``.
+
+    ``preference_format``: ``"explicit"`` rows have ``prompt``/``chosen``/``rejected`` (responses);
+    ``"hh"`` rows have only ``chosen``/``rejected`` dialogues split by :func:`hh.split_pair`;
+    ``"auto"`` uses explicit rows when the (mapped) row has a ``prompt`` key, HH otherwise.
+    """
+    columns = dict(columns or {})
+    check_columns(columns, "preference")
+    report = report if report is not None else DataReport()
+    out = []
+    for i, raw in enumerate(records):
+        report.rows_seen += 1
+        rec = map_columns(raw, columns)
+        fmt = preference_format
+        if fmt == "auto":
+            fmt = "explicit" if rec.get("prompt") is not None else "hh"
+        try:
+            chosen = check_text(rec.get("chosen"), "chosen", max_text_chars)
+            rejected = check_text(rec.get("rejected"), "rejected", max_text_chars)
+            if fmt == "explicit":
+                prompt = check_text(rec.get("prompt"), "prompt", max_text_chars)
+            else:
+                split = hh.split_pair(chosen, rejected)
+                if len(split) == 2:
+                    raise _Bad(*split)
+                prompt, chosen, rejected = split
+            if chosen == rejected:
+                raise _Bad("identical_pair", "chosen and rejected are the same text")
+        except _Bad as bad:
+            report.skip(bad.reason, f"row {i}: {bad.message}")
+            continue
+        out.append(PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, index=i))
+    report.rows_kept = len(out)
+    return out
+
+
+def require_rows(rows: list, report: DataReport) -> list:
+    """``rows`` unchanged, or DataError explaining why no row of the dataset is usable."""
+    if rows:
+        return rows
+    if report.rows_seen == 0 and not report.skipped:
+        raise DataError(f"dataset {report.source or '<memory>'} has no rows")
+    reasons = "; ".join(f"{n} x {r} ({SKIP_REASONS[r]}; e.g. {report.examples.get(r, [''])[0]})"
+                        for r, n in sorted(report.skipped.items(), key=lambda kv: -kv[1]))
+    raise DataError(f"dataset {report.source or '<memory>'} has no usable row: all {report.rows_seen} rows "
+                    f"were skipped: {reasons}")
