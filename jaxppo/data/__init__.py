@@ -7,6 +7,8 @@ Typical use::
     loaded.report.emit()                             # print + log every skip/truncation counter
 """
 
+from jaxppo.data.behaviour import (compute_behaviour_logprobs, fill_behaviour_logprobs, load_scored_arrays,
+                                   response_logprobs)
 from jaxppo.data.hh import split_dialogue, split_pair
 from jaxppo.data.loading import read_json_strict, read_records
 from jaxppo.data.pipeline import LoadedRows, load_rows, rows_from_records, split_by_group, tokenize_rows
@@ -17,7 +19,8 @@ from jaxppo.data.validation import require_rows, validate_preference, validate_s
 
 __all__ = [
     "SKIP_REASONS", "DataError", "DataReport", "LoadedRows", "PreferencePair", "ScoredTrajectory",
-    "bucket_lengths", "bucketize", "load_rows", "read_json_strict", "read_records", "require_rows",
+    "bucket_lengths", "compute_behaviour_logprobs", "fill_behaviour_logprobs", "load_scored_arrays",
+    "response_logprobs", "bucketize", "load_rows", "read_json_strict", "read_records", "require_rows",
     "rows_from_records", "split_by_group", "split_dialogue", "split_pair", "tokenize_preference",
     "tokenize_rows", "tokenize_scored", "validate_preference", "validate_scored",
 ]

@@ -1,0 +1,190 @@
+"""Behaviour log-probs: computed once with the reference model when the data has none, and cached.
+
+Layout: the model input is ``concat(prompt_ids, response_ids)`` [B, P+R] with mask
+``concat(prompt_mask, response_mask)``; the log-prob of response token ``t`` is read from the
+logits at position ``P + t - 1``::
+
+    logp[b, t] = log_softmax(logits[b, P + t - 1])[response_ids[b, t]] · response_mask[b, t]
+
+The pass is jitted and batched with one static batch shape (the last batch is padded with copies
+of its first row and cut afterwards). Results are cached in a safetensors file named by a SHA-256
+of (model fingerprint, token arrays, shapes): a second run with the same model and data reads the
+file instead of running the model; anything else changes the key.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxppo.data.report import DataReport
+
+logger = logging.getLogger("jaxppo.data")
+
+CACHE_VERSION = "1"
+_TOKEN_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+
+def response_logprobs(model: Callable, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
+                      response_mask: jax.Array) -> jax.Array:
+    """``log π(y_t | x, y_<t)`` [B, R] float32 of each response token (0 where ``response_mask`` is 0)."""
+    P = prompt_ids.shape[1]
+    R = response_ids.shape[1]
+    ids = jnp.concatenate([prompt_ids, response_ids], axis=1).astype(jnp.int32)
+    mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(jnp.int32)
+    logits = model(ids, mask)[:, P - 1:P + R - 1].astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    tok = jnp.take_along_axis(logp, response_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return tok * response_mask.astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logprobs_pure(graphdef, state, prompt_ids, prompt_mask, response_ids, response_mask):
+    return response_logprobs(nnx.merge(graphdef, state), prompt_ids, prompt_mask, response_ids, response_mask)
+
+
+def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarray], *,
+                               batch_size: int = 32) -> np.ndarray:
+    """Response-token log-probs [N, R] float32 of ``arrays`` under ``model`` (batched, jitted)."""
+    n = arrays["prompt_ids"].shape[0]
+    if n == 0:
+        return np.zeros((0, arrays["response_ids"].shape[1]), np.float32)
+    graphdef, state = nnx.split(model)
+    bs = min(batch_size, n)
+    out = []
+    for start in range(0, n, bs):
+        chunk = [np.asarray(arrays[k][start:start + bs]) for k in _TOKEN_KEYS]
+        m = chunk[0].shape[0]
+        if m < bs:  # keep one compiled shape
+            chunk = [np.concatenate([c, np.repeat(c[:1], bs - m, axis=0)]) for c in chunk]
+        lp = _logprobs_pure(graphdef, state, *chunk)
+        out.append(np.asarray(lp)[:m])
+    return np.concatenate(out).astype(np.float32)
+
+
+def model_fingerprint(path: str | os.PathLike) -> str:
+    """Identity of a checkpoint for cache keys: resolved path plus size and mtime of its weight files."""
+    p = Path(path).resolve()
+    files = [p] if p.is_file() else sorted(
+        f for f in p.glob("*") if f.suffix in (".safetensors", ".gguf", ".json") and f.is_file())
+    parts = [str(p)] + [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files]
+    return "|".join(parts)
+
+
+def cache_key(model_id: str, arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 (hex) of the model identity, the token arrays (bytes, dtypes, shapes) and the layout version."""
+    h = hashlib.sha256()
+    h.update(f"jaxppo-behaviour-v{CACHE_VERSION}\0{model_id}\0".encode())
+    for k in _TOKEN_KEYS:
+        a = np.ascontiguousarray(arrays[k], dtype=np.int32)
+        h.update(f"{k}:{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def default_cache_dir(data_path: str | None) -> Path:
+    """``<folder of data.path>/jaxppo_cache`` for a local file, else ``~/.cache/jaxppo``."""
+    if data_path and Path(data_path).exists():
+        p = Path(data_path)
+        return (p if p.is_dir() else p.parent) / "jaxppo_cache"
+    return Path.home() / ".cache" / "jaxppo"
+
+
+def _read_cache(path: Path, key: str, shape: tuple[int, int]) -> np.ndarray | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            arr = f.get_tensor("behaviour_logprobs")
+    except Exception as e:  # noqa: BLE001 - a broken cache file is ignored and rewritten
+        logger.warning("ignoring unreadable behaviour log-prob cache %s: %s", path, e)
+        return None
+    if meta.get("key") != key or tuple(arr.shape) != shape or arr.dtype != np.float32:
+        logger.warning("ignoring behaviour log-prob cache %s: key/shape does not match", path)
+        return None
+    return arr
+
+
+def _write_cache(path: Path, arr: np.ndarray, key: str, model_id: str) -> bool:
+    from safetensors.numpy import save_file
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        save_file({"behaviour_logprobs": np.ascontiguousarray(arr, np.float32)}, str(tmp),
+                  metadata={"key": key, "model": model_id[:2000], "version": CACHE_VERSION})
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        logger.warning("could not write the behaviour log-prob cache %s: %s", path, e)
+        return False
+
+
+def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
+                            model: nnx.Module | None = None, load_model: Callable[[str], nnx.Module] | None = None,
+                            cache_dir: str | os.PathLike | None = None, batch_size: int = 32,
+                            report: DataReport | None = None) -> dict[str, np.ndarray]:
+    """``arrays`` with ``behaviour_logprobs`` of the rows whose ``has_behaviour`` is False computed by
+    the reference model (``model``, or ``load_model(model_path)`` loaded only on a cache miss).
+
+    Logged log-probs are kept as they are. ``has_behaviour`` stays the data's flag (True = logged);
+    ``report.notes`` records how many rows were computed and whether the cache was used.
+    """
+    missing = np.nonzero(~arrays["has_behaviour"])[0]
+    out = dict(arrays)
+    if missing.size == 0:
+        return out
+    sub = {k: np.asarray(arrays[k])[missing] for k in _TOKEN_KEYS}
+    model_id = model_fingerprint(model_path)
+    key = cache_key(model_id, sub)
+    path = Path(cache_dir) / f"behaviour-{key[:32]}.safetensors" if cache_dir is not None else None
+    shape = (int(missing.size), int(arrays["response_ids"].shape[1]))
+    lp = _read_cache(path, key, shape) if path is not None and path.is_file() else None
+    hit = lp is not None
+    if lp is None:
+        if model is None:
+            if load_model is None:
+                from jaxppo.hf import load_pretrained
+
+                load_model = load_pretrained
+            model = load_model(model_path)
+        lp = compute_behaviour_logprobs(model, sub, batch_size=batch_size)
+        if path is not None:
+            _write_cache(path, lp, key, model_id)
+    full = np.array(arrays["behaviour_logprobs"], dtype=np.float32, copy=True)
+    full[missing] = lp
+    out["behaviour_logprobs"] = full
+    if report is not None:
+        report.notes["behaviour_logprobs_computed"] = int(missing.size)
+        report.notes["behaviour_logprobs_cache"] = ("hit " if hit else "written ") + str(path) if path else "off"
+    return out
+
+
+def load_scored_arrays(data_cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
+                       reference: nnx.Module | None = None) -> tuple[dict[str, np.ndarray], DataReport]:
+    """``load_rows`` + ``tokenize_rows`` + behaviour log-probs for rows that have none.
+
+    With neither ``reference_path`` nor ``reference`` the missing log-probs stay 0 and
+    ``has_behaviour`` False. The cache goes to ``data.cache_dir`` or beside ``data.path``.
+    """
+    from jaxppo.data.pipeline import load_rows, tokenize_rows
+
+    loaded = load_rows(data_cfg)
+    arrays = tokenize_rows(loaded, tokenizer, data_cfg)
+    if reference_path is not None or reference is not None:
+        if reference_path is None:
+            raise ValueError("reference_path is needed for the cache key of the behaviour log-probs")
+        cache_dir = data_cfg.cache_dir if data_cfg.cache_dir is not None else default_cache_dir(data_cfg.path)
+        arrays = fill_behaviour_logprobs(arrays, model_path=reference_path, model=reference, cache_dir=cache_dir,
+                                         batch_size=data_cfg.behaviour_batch_size, report=loaded.report)
+    return arrays, loaded.report

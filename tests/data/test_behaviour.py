@@ -1,0 +1,124 @@
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxppo.config.schema import DataConfig
+from jaxppo.data.behaviour import (cache_key, compute_behaviour_logprobs, fill_behaviour_logprobs,
+                                   load_scored_arrays, model_fingerprint, response_logprobs)
+from jaxppo.data.tokenize import left_pad, right_pad
+
+
+@pytest.fixture(scope="module")
+def stories(shared_dir):
+    from jaxppo.hf import load_pretrained
+
+    path = str(shared_dir / "models" / "stories260K")
+    return path, load_pretrained(path)
+
+
+def _arrays(prompts, responses, P=6, R=4):
+    pi, pm = left_pad(prompts, P, 0)
+    ri, rm = right_pad(responses, R, 0)
+    return {"prompt_ids": pi, "prompt_mask": pm, "response_ids": ri, "response_mask": rm,
+            "behaviour_logprobs": np.zeros((len(prompts), R), np.float32),
+            "has_behaviour": np.zeros(len(prompts), bool)}
+
+
+PROMPTS = [[1, 403, 407, 261, 378], [1, 403], [1, 11, 12, 13, 14, 15]]
+RESPONSES = [[11, 300, 2], [407, 261, 378, 11], [5]]
+
+
+def _torch_reference(hf, prompt, response):
+    """Log-probs of ``response`` after ``prompt`` from transformers' own Llama (no padding at all)."""
+    import torch
+
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(ids).logits[0].float(), dim=-1)
+    return np.array([logp[len(prompt) + t - 1, tok].item() for t, tok in enumerate(response)])
+
+
+def test_matches_transformers_without_padding(stories):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, model = stories
+    hf = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    a = _arrays(PROMPTS, RESPONSES)
+    lp = compute_behaviour_logprobs(model, a, batch_size=2)  # 2 batches, the last one padded
+    assert lp.shape == (3, 4) and lp.dtype == np.float32
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
+        np.testing.assert_allclose(lp[i, :len(r)], _torch_reference(hf, p, r), atol=2e-4, rtol=1e-4)
+        assert (lp[i, len(r):] == 0).all()
+
+
+def test_jit_and_eager_agree(stories):
+    _, model = stories
+    a = _arrays(PROMPTS, RESPONSES)
+    args = [a[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    eager = np.asarray(response_logprobs(model, *args))
+    with jax.disable_jit():
+        eager_nojit = np.asarray(response_logprobs(model, *args))
+    jitted = compute_behaviour_logprobs(model, a, batch_size=3)
+    np.testing.assert_allclose(jitted, eager, atol=1e-5)
+    np.testing.assert_allclose(eager_nojit, eager, atol=1e-5)
+
+
+def test_cached_equals_fresh_and_key_tracks_the_data(stories, tmp_path):
+    path, model = stories
+    a = _arrays(PROMPTS, RESPONSES)
+    loads = []
+
+    def loader(p):
+        loads.append(p)
+        return model
+
+    first = fill_behaviour_logprobs(a, model_path=path, load_model=loader, cache_dir=tmp_path, batch_size=2)
+    assert len(loads) == 1 and len(list(tmp_path.glob("behaviour-*.safetensors"))) == 1
+
+    def no_model(p):
+        raise AssertionError("the cache should have been used")
+
+    second = fill_behaviour_logprobs(a, model_path=path, load_model=no_model, cache_dir=tmp_path, batch_size=2)
+    fresh = compute_behaviour_logprobs(model, a, batch_size=3)
+    np.testing.assert_array_equal(second["behaviour_logprobs"], first["behaviour_logprobs"])
+    np.testing.assert_allclose(second["behaviour_logprobs"], fresh, atol=1e-5)
+    # the cache file holds plain float32 tensors (no pickle)
+    from safetensors.numpy import load_file
+    (f,) = tmp_path.glob("behaviour-*.safetensors")
+    assert load_file(str(f))["behaviour_logprobs"].dtype == np.float32
+
+    b = _arrays(PROMPTS, [RESPONSES[0], RESPONSES[1], [6]])  # one token changed -> new key -> recompute
+    assert cache_key(model_fingerprint(path), b) != cache_key(model_fingerprint(path), a)
+    fill_behaviour_logprobs(b, model_path=path, load_model=loader, cache_dir=tmp_path)
+    assert len(loads) == 2
+
+
+def test_logged_logprobs_are_kept(stories, tmp_path):
+    path, model = stories
+    a = _arrays(PROMPTS, RESPONSES)
+    a["has_behaviour"][1] = True
+    a["behaviour_logprobs"][1] = [-1.0, -2.0, -3.0, -4.0]
+    out = fill_behaviour_logprobs(a, model_path=path, model=model, cache_dir=None)
+    np.testing.assert_array_equal(out["behaviour_logprobs"][1], [-1.0, -2.0, -3.0, -4.0])
+    fresh = compute_behaviour_logprobs(model, a)
+    np.testing.assert_allclose(out["behaviour_logprobs"][[0, 2]], fresh[[0, 2]], atol=1e-5)
+    np.testing.assert_array_equal(out["has_behaviour"], [False, True, False])
+
+
+def test_load_scored_arrays_end_to_end(stories, tmp_path, stories_tokenizer):
+    path, model = stories
+    p = tmp_path / "d.jsonl"
+    rows = [{"prompt": "Once upon a time", "response": " there was a dog.", "score": 1.0},
+            {"prompt": "The cat", "response": " sat.", "score": 0.0, "behaviour_logprobs": [-0.5, -0.5, -0.5]}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert stories_tokenizer(" sat.", add_special_tokens=False)["input_ids"] == [262, 294, 426]  # 3 tokens
+    cfg = DataConfig(path=str(p), max_prompt_length=8, max_response_length=8)
+    arrays, rep = load_scored_arrays(cfg, stories_tokenizer, reference_path=path, reference=model)
+    np.testing.assert_array_equal(arrays["behaviour_logprobs"][1, :3], [-0.5] * 3)
+    np.testing.assert_array_equal(arrays["has_behaviour"], [False, True])
+    assert arrays["behaviour_logprobs"][0, :arrays["response_mask"][0].sum()].max() < 0
+    assert rep.notes["behaviour_logprobs_computed"] == 1
+    assert (tmp_path / "jaxppo_cache").is_dir()  # cached beside the dataset
