@@ -1,0 +1,186 @@
+"""Load Hugging Face checkpoints (safetensors directories or ``.gguf`` files) into ``CausalLM``.
+
+Loading is tensor by tensor: the model is first built abstractly (``nnx.eval_shape``, no memory),
+then every parameter is created directly with its target sharding (from its logical axes and the
+mesh rules) and each HF tensor is converted on the host and written into its row of the stacked
+layer parameter on device. The host never holds more than one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from jaxppo.hf.mapping import check_names_and_shapes, expected_names, tensor_maps
+from jaxppo.hf.safetensors_io import SafetensorsFile
+from jaxppo.models.config import LMConfig
+from jaxppo.models.sharding import var_logical_axes
+from jaxppo.models.transformer import CausalLM
+from jaxppo.parallel import logical_to_spec
+
+
+class TensorSource(Protocol):
+    """A checkpoint seen as HF-named tensors in HF layout."""
+
+    def config_dict(self) -> dict: ...
+
+    def shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    def get(self, name: str) -> np.ndarray: ...
+
+
+class HFDirSource:
+    """``config.json`` + ``model.safetensors`` or ``model.safetensors.index.json`` (sharded) in a directory."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        cfg_file = self.path / "config.json"
+        if not cfg_file.is_file():
+            raise FileNotFoundError(f"{self.path}: no config.json (expected a Hugging Face model directory)")
+        self._config = json.loads(cfg_file.read_text())
+        single = self.path / "model.safetensors"
+        index = self.path / "model.safetensors.index.json"
+        self._files: dict[str, SafetensorsFile] = {}
+        self._where: dict[str, str] = {}
+        if index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{index}: no 'weight_map' object")
+            for name, fname in weight_map.items():
+                if fname not in self._files:
+                    fpath = self.path / fname
+                    if not fpath.is_file():
+                        raise FileNotFoundError(f"{index}: tensor {name!r} is in {fname}, which does not exist")
+                    self._files[fname] = SafetensorsFile(fpath)
+                if name not in self._files[fname].header:
+                    raise ValueError(f"{index}: tensor {name!r} is listed in {fname} but not stored there")
+                self._where[name] = fname
+        elif single.is_file():
+            f = SafetensorsFile(single)
+            self._files[single.name] = f
+            self._where = {n: single.name for n in f.names()}
+        else:
+            bins = sorted(p.name for p in self.path.glob("*.bin")) + sorted(p.name for p in self.path.glob("*.pt*"))
+            hint = f" (found {bins}: pickle-based weights are not loaded for safety; convert them to safetensors)" \
+                if bins else ""
+            raise FileNotFoundError(f"{self.path}: no model.safetensors or model.safetensors.index.json{hint}")
+
+    def config_dict(self) -> dict:
+        return dict(self._config)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: self._files[f].shape(n) for n, f in self._where.items()}
+
+    def get(self, name: str) -> np.ndarray:
+        return self._files[self._where[name]].get(name)
+
+
+def open_source(path: str | Path) -> TensorSource:
+    """A ``TensorSource`` for a HF directory or a ``.gguf`` file."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        from jaxppo.hf.gguf import GGUFSource
+        return GGUFSource(path)
+    if path.is_dir():
+        return HFDirSource(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    raise ValueError(f"model path {path}: expected a Hugging Face directory or a .gguf file")
+
+
+def _dtype_name(dtype) -> str:
+    return jnp.dtype(dtype).name
+
+
+def _resolve(model: nnx.Module, dotted: str) -> nnx.Variable:
+    obj = model
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@lru_cache(maxsize=None)
+def _zeros_fn(shape, dtype, sharding):
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+
+
+@lru_cache(maxsize=None)
+def _set_row_fn(sharding):
+    return jax.jit(lambda buf, row, i: jax.lax.dynamic_update_index_in_dim(buf, row, i, 0),
+                   donate_argnums=0, out_shardings=sharding)
+
+
+def load_weights(model: CausalLM, source: TensorSource, *, mesh: Mesh | None = None,
+                 rules: Mapping | None = None, where: str = "checkpoint") -> CausalLM:
+    """Fill every parameter of ``model`` (abstract or concrete) from ``source``, in place.
+
+    Checks names and shapes first (ValueError naming each missing / unexpected / mis-shaped tensor).
+    """
+    cfg = model.config
+    shapes = source.shapes()
+    check_names_and_shapes(cfg, shapes, where)
+    by_param: dict[str, list] = {}
+    for name, (m, layer) in expected_names(cfg).items():
+        by_param.setdefault(m.ours, []).append((name, m, layer))
+    for ours, items in by_param.items():
+        var = _resolve(model, ours)
+        abstract = var.get_value()
+        shape, dtype = tuple(abstract.shape), jnp.dtype(abstract.dtype)
+        spec = logical_to_spec(var_logical_axes(var), rules) if mesh is not None else None
+        full = NamedSharding(mesh, spec) if mesh is not None else SingleDeviceSharding(jax.devices()[0])
+        if items[0][1].per_layer:
+            row_sh = NamedSharding(mesh, PartitionSpec(*tuple(spec)[1:])) if mesh is not None else full
+            buf = _zeros_fn(shape, dtype, full)()
+            set_row = _set_row_fn(full)
+            for name, m, layer in items:
+                row = np.asarray(m.to_ours(source.get(name)), dtype=dtype)
+                buf = set_row(buf, jax.device_put(row, row_sh), layer)
+                del row
+            value = buf
+        else:
+            (name, m, _), = items
+            value = jax.device_put(np.asarray(m.to_ours(source.get(name)), dtype=dtype), full)
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{where}: parameter {ours} got shape {value.shape}, expected {shape}")
+        var.set_value(value)
+    return model
+
+
+def load_pretrained(path: str | Path, *, dtype=jnp.float32, compute_dtype=None, mesh: Mesh | None = None,
+                    rules: Mapping | None = None, remat: bool = False, scan_layers: bool = True) -> CausalLM:
+    """A ``CausalLM`` with the weights of a HF directory (``config.json`` + safetensors) or a ``.gguf`` file.
+
+    ``dtype``: parameter dtype; ``compute_dtype``: activation dtype (default ``dtype``). With ``mesh``
+    every parameter is placed on it following its logical axes and ``rules`` (``jaxppo.parallel``).
+    """
+    source = open_source(path)
+    cfg = LMConfig.from_hf(source.config_dict(), param_dtype=_dtype_name(dtype),
+                           compute_dtype=_dtype_name(compute_dtype if compute_dtype is not None else dtype),
+                           remat=remat, scan_layers=scan_layers)
+    model = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
+    return load_weights(model, source, mesh=mesh, rules=rules, where=str(path))
+
+
+def load_tokenizer(path: str | Path):
+    """A transformers tokenizer from a local HF directory or ``.gguf`` file (chat template included)."""
+    from transformers import AutoTokenizer
+    path = Path(path)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer path {path} is not a directory or a .gguf file")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+__all__ = ["HFDirSource", "TensorSource", "load_pretrained", "load_tokenizer", "load_weights", "open_source",
+           "tensor_maps"]

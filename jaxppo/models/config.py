@@ -1,0 +1,271 @@
+"""``LMConfig``: the hashable description of a decoder-only LM (Llama / Qwen2 / Mistral / SmolLM2).
+
+It converts to and from a Hugging Face ``config.json`` dict. Both rope layouts are read: the old one
+(``rope_theta`` + ``rope_scaling``) and transformers 5's ``rope_parameters``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+# model_type -> HF class name written to ``architectures``
+ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# class defaults of transformers' configs, used when a config.json omits the field
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=2048,
+                  sliding_window=None),
+    "qwen2": dict(rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=32768,
+                  sliding_window=None),
+    "mistral": dict(rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+                    max_position_embeddings=4096 * 32, sliding_window=4096),
+}
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in x.items()))
+    if isinstance(x, list):
+        return tuple(_freeze(v) for v in x)
+    return x
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Shape and numerics of a decoder-only transformer.
+
+    ``architecture`` is the HF ``model_type`` ("llama", "qwen2", "mistral"; SmolLM2 is "llama").
+    Qwen2 always has q/k/v biases (no output bias); for llama ``attention_bias`` puts biases on q, k, v
+    and o, like transformers. ``eos_token_id`` may be an int or a tuple of ints. ``rope_scaling`` is
+    None or a mapping with ``rope_type`` in ("linear", "llama3") and its parameters; it is stored
+    as a sorted tuple of pairs so the config stays hashable (read it back with ``rope_scaling_dict``).
+    ``sliding_window`` (Mistral): a query attends to keys less than ``sliding_window`` positions back.
+    ``scan_layers``: apply the layer stack with ``lax.scan`` (fast compiles) instead of unrolling it.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    architecture: str = "llama"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Any = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    remat: bool = False
+    scan_layers: bool = True
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"LMConfig.architecture={self.architecture!r} is not supported; "
+                             f"supported: {sorted(ARCHITECTURES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"LMConfig.{name} must be a positive integer, got {v!r}")
+        if self.num_key_value_heads is None:
+            set_("num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"LMConfig: hidden_size={self.hidden_size} is not divisible by "
+                                 f"num_attention_heads={self.num_attention_heads}; set head_dim")
+            set_("head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"LMConfig: num_attention_heads={self.num_attention_heads} must be a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"LMConfig.head_dim={self.head_dim} must be even for rotary embeddings")
+        for name in ("param_dtype", "compute_dtype"):
+            v = np.dtype(getattr(self, name)).name if not isinstance(getattr(self, name), str) else getattr(self, name)
+            if v not in DTYPES:
+                raise ValueError(f"LMConfig.{name}={getattr(self, name)!r}; expected one of {DTYPES}")
+            set_(name, v)
+        if isinstance(self.eos_token_id, (list, tuple)):
+            set_("eos_token_id", tuple(int(e) for e in self.eos_token_id))
+        rs = self.rope_scaling
+        if rs is not None:
+            d = dict(rs) if not isinstance(rs, Mapping) else dict(rs)
+            rtype = d.get("rope_type", d.get("type", "default"))
+            if rtype not in ROPE_TYPES:
+                raise ValueError(f"LMConfig.rope_scaling: rope_type {rtype!r} is not supported; "
+                                 f"supported: {ROPE_TYPES}")
+            d.pop("type", None)
+            d["rope_type"] = rtype
+            need = {"linear": ("factor",),
+                    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                    "default": ()}[rtype]
+            for k in need:
+                if k not in d:
+                    raise ValueError(f"LMConfig.rope_scaling: rope_type {rtype!r} needs field {k!r}, got {sorted(d)}")
+            set_("rope_scaling", None if rtype == "default" else _freeze(d))
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"LMConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        e = self.eos_token_id
+        return () if e is None else (e,) if isinstance(e, int) else tuple(e)
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.architecture == "qwen2" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.architecture == "llama" and self.attention_bias
+
+    def replace(self, **kw) -> "LMConfig":
+        return dataclasses.replace(self, **kw)
+
+    def inv_freq(self) -> np.ndarray:
+        """Rotary inverse frequencies ``theta^(-2i/d)`` (float32, [head_dim/2]), with rope scaling applied.
+
+        linear: ``inv_freq / factor``. llama3: wavelengths ``2π/f`` above ``L/low_freq_factor`` are divided
+        by ``factor``, below ``L/high_freq_factor`` kept, and in between interpolated with
+        ``s = (L/wavelen - low)/(high - low)``: ``(1-s)·f/factor + s·f`` (L = original context length).
+        """
+        d = self.head_dim
+        inv = (1.0 / (np.float32(self.rope_theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))))
+        inv = inv.astype(np.float32)
+        rs = self.rope_scaling_dict
+        if rs is None:
+            return inv
+        if rs["rope_type"] == "linear":
+            return (inv / np.float32(rs["factor"])).astype(np.float32)
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        out = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return np.where(medium, smoothed, out).astype(np.float32)
+
+    # ---------------------------------------------------------------- HF conversion
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> "LMConfig":
+        """Build from a HF ``config.json`` dict; ``overrides`` set non-HF fields (dtypes, remat, ...).
+
+        Raises ValueError naming the field for unsupported architectures, activations or rope types
+        and for missing required fields.
+        """
+        mt = hf.get("model_type")
+        if mt not in ARCHITECTURES:
+            archs = hf.get("architectures")
+            raise ValueError(f"config.json: model_type={mt!r} (architectures={archs}) is not supported; "
+                             f"supported model_type values: {sorted(ARCHITECTURES)}")
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"config.json: hidden_act={act!r} is not supported (only 'silu')")
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if hf.get(k) is None]
+        if missing:
+            raise ValueError(f"config.json is missing required field(s) {missing}")
+        if mt == "qwen2" and hf.get("use_sliding_window", False):
+            raise ValueError("config.json: use_sliding_window=true (per-layer sliding window) is not supported "
+                             "for qwen2")
+        dflt = _HF_DEFAULTS[mt]
+        rope = hf.get("rope_parameters")
+        theta = hf.get("rope_theta")
+        scaling = hf.get("rope_scaling")
+        if isinstance(rope, Mapping):
+            rope = dict(rope)
+            theta = rope.pop("rope_theta", theta)
+            scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
+        if isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type")) == "default":
+            scaling = None
+        if hf.get("partial_rotary_factor", 1.0) not in (1, 1.0, None):
+            raise ValueError(f"config.json: partial_rotary_factor={hf['partial_rotary_factor']} is not supported")
+        sliding = hf.get("sliding_window", dflt["sliding_window"]) if mt == "mistral" else None
+        kw = dict(
+            architecture=mt,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_hidden_layers=int(hf["num_hidden_layers"]),
+            num_attention_heads=int(hf["num_attention_heads"]),
+            num_key_value_heads=hf.get("num_key_value_heads"),
+            head_dim=hf.get("head_dim"),
+            rms_norm_eps=float(hf.get("rms_norm_eps", dflt["rms_norm_eps"])),
+            rope_theta=float(theta if theta is not None else dflt["rope_theta"]),
+            rope_scaling=scaling,
+            attention_bias=bool(hf.get("attention_bias", False)) if mt == "llama" else mt == "qwen2",
+            mlp_bias=bool(hf.get("mlp_bias", False)) if mt == "llama" else False,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", dflt["tie_word_embeddings"])),
+            max_position_embeddings=int(hf.get("max_position_embeddings") or dflt["max_position_embeddings"]),
+            sliding_window=sliding,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+            pad_token_id=hf.get("pad_token_id"),
+            initializer_range=float(hf.get("initializer_range", 0.02)),
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_hf(self) -> dict[str, Any]:
+        """A ``config.json`` dict that transformers' ``AutoConfig`` reads back to the same model."""
+        rope: dict[str, Any] = {"rope_theta": self.rope_theta, "rope_type": "default"}
+        if self.rope_scaling is not None:
+            rope.update(self.rope_scaling_dict)
+        out: dict[str, Any] = {
+            "architectures": [ARCHITECTURES[self.architecture]],
+            "model_type": self.architecture,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": rope,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "initializer_range": self.initializer_range,
+            "dtype": self.param_dtype,
+            "use_cache": True,
+        }
+        if self.architecture == "llama":
+            out["attention_bias"] = self.attention_bias
+            out["mlp_bias"] = self.mlp_bias
+        if self.architecture == "mistral":
+            out["sliding_window"] = self.sliding_window
+        if self.architecture == "qwen2":
+            out["use_sliding_window"] = False
+            out["sliding_window"] = None
+        return out

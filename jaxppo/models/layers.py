@@ -1,0 +1,124 @@
+"""Transformer building blocks as pure functions over arrays, plus the parameter constructor.
+
+Every parameter is an ``nnx.Param`` carrying ``logical_axes`` metadata (one logical name per
+dimension, e.g. ``("embed", "mlp")``); ``jaxppo.parallel.logical_to_spec`` maps them to mesh axes.
+Shapes: ``B`` batch, ``T`` query length, ``S`` key length, ``D`` hidden, ``H`` query heads,
+``K`` key/value heads, ``hd`` head dim, ``F`` MLP width.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+MASK_VALUE = -1e30  # finite, so a fully masked row (a left-pad query) gives a uniform row, not NaN
+
+
+def make_param(key: jax.Array | None, shape: Sequence[int], axes: Sequence[str | None], dtype,
+               init: str = "normal", std: float = 0.02) -> nnx.Param:
+    """An ``nnx.Param`` of ``shape`` with ``logical_axes=axes``; init "normal" (N(0, std²)), "zeros" or "ones"."""
+    shape = tuple(int(s) for s in shape)
+    axes = tuple(axes)
+    if len(axes) != len(shape):
+        raise ValueError(f"logical axes {axes} do not match shape {shape}")
+    if init == "normal":
+        value = (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    elif init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        raise ValueError(f"unknown init {init!r}")
+    return nnx.Param(value, logical_axes=axes)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """``weight · x / sqrt(mean(x², -1) + eps)``; the statistics in float32, the result in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """Token positions ``max(cumsum(mask) - 1, 0)`` along the time axis ([B, T] int32); left padding gets 0."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables ([B, T, hd], float32) for half-split rotary embeddings: angle = position · inv_freq."""
+    ang = positions.astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate ``x`` [B, T, heads, hd]: ``x·cos + rotate_half(x)·sin`` with ``rotate_half([a, b]) = [-b, a]``."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    c = cos[:, :, None, :].astype(x.dtype)
+    s = sin[:, :, None, :].astype(x.dtype)
+    return x * c + rot * s
+
+
+def attention_allowed(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array,
+                      sliding_window: int | None) -> jax.Array:
+    """Boolean [B, T, S]: key s is visible to query t iff it is a real token, not in the future
+    (``k_slot ≤ q_slot``) and, with a sliding window w, ``q_slot − k_slot < w``.
+
+    ``q_slots`` [T] or [B, T], ``k_slots`` [S], ``k_valid`` [B, S].
+    """
+    q = q_slots if q_slots.ndim == 2 else q_slots[None, :]
+    diff = q[:, :, None] - k_slots[None, None, :]
+    ok = (diff >= 0) & k_valid[:, None, :].astype(bool)
+    if sliding_window is not None:
+        ok = ok & (diff < sliding_window)
+    return ok
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    ``q`` [B, T, H, hd], ``k``/``v`` [B, S, K, hd] (H = K·G), ``allowed`` [B, T, S] bool.
+    ``out[b,t,h] = Σ_s softmax_s(q·k_s / sqrt(hd) | allowed) v_s``; scores and softmax in float32.
+    """
+    b, t, h, hd = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, t, kh, h // kh, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
+    scores = jnp.where(allowed[:, None, None, :, :], scores, MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, hd)
+
+
+def swiglu(x: jax.Array, p: dict) -> jax.Array:
+    """``down(silu(gate(x)) · up(x))`` (optional biases ``gate_b``, ``up_b``, ``down_b``)."""
+    g = jnp.einsum("btd,df->btf", x, p["gate"])
+    u = jnp.einsum("btd,df->btf", x, p["up"])
+    if "gate_b" in p:
+        g = g + p["gate_b"]
+        u = u + p["up_b"]
+    y = jnp.einsum("btf,fd->btd", jax.nn.silu(g) * u, p["down"])
+    if "down_b" in p:
+        y = y + p["down_b"]
+    return y
+
+
+def qkv(x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Projections ``q`` [B,T,H,hd], ``k``, ``v`` [B,T,K,hd] from ``x`` [B,T,D] (biases when present)."""
+    q = jnp.einsum("btd,dhk->bthk", x, p["q"])
+    k = jnp.einsum("btd,dhk->bthk", x, p["k"])
+    v = jnp.einsum("btd,dhk->bthk", x, p["v"])
+    if "q_b" in p:
+        q, k, v = q + p["q_b"], k + p["k_b"], v + p["v_b"]
+    return q, k, v
+
+
+def out_proj(o: jax.Array, p: dict) -> jax.Array:
+    y = jnp.einsum("bthk,hkd->btd", o, p["o"])
+    if "o_b" in p:
+        y = y + p["o_b"]
+    return y
