@@ -27,7 +27,7 @@ class _Bad(Exception):
         self.message = message
 
 
-def check_text(value: Any, name: str, max_chars: int) -> str:
+def check_text(value: Any, name: str, max_chars: int, *, allow_empty: bool = False) -> str:
     """``value`` as a usable text, or raise ``_Bad`` with the reason.
 
     Reasons: ``missing_field`` (None), ``invalid_utf8`` (bytes that do not decode, or a str with
@@ -46,7 +46,7 @@ def check_text(value: Any, name: str, max_chars: int) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise _Bad("invalid_utf8", f"{name!r} is not valid UTF-8 ({e.reason} at {e.start})") from None
-    if not value.strip():
+    if not value.strip() and not allow_empty:
         raise _Bad("empty_text", f"{name!r} is empty")
     if len(value) > max_chars:
         raise _Bad("text_too_long", f"{name!r} has {len(value)} characters > data.max_text_chars={max_chars}")
@@ -118,8 +118,11 @@ def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[st
         report.rows_seen += 1
         rec = map_columns(raw, columns)
         try:
-            prompt = check_text(rec.get("prompt"), "prompt", max_text_chars)
-            response = check_text(rec.get("response"), "response", max_text_chars)
+            # a text may be empty when its token ids are given (e.g. a sampled response that is only EOS)
+            prompt = check_text(rec.get("prompt"), "prompt", max_text_chars,
+                                allow_empty=rec.get("prompt_ids") is not None)
+            response = check_text(rec.get("response"), "response", max_text_chars,
+                                  allow_empty=rec.get("response_ids") is not None)
             score = check_score(rec.get("score"))
             lp = rec.get("behaviour_logprobs")
             lp = None if lp is None else check_logprobs(lp)

@@ -119,3 +119,11 @@ def test_every_row_is_kept_or_counted(prompts, scores):
     assert len(rows) + rep.n_skipped == len(records) == rep.rows_seen
     for r in rows:
         assert isinstance(r.prompt, str) and r.prompt.strip() and math.isfinite(r.score)
+
+
+def test_empty_text_is_allowed_when_token_ids_are_given():
+    rep = DataReport()
+    rows = validate_scored([{"prompt": "a", "response": "", "score": 1.0, "response_ids": [2]},
+                            {"prompt": "a", "response": "", "score": 1.0}], report=rep)
+    assert len(rows) == 1 and rows[0].response == "" and rows[0].response_ids.tolist() == [2]
+    assert rep.skipped == {"empty_text": 1}
