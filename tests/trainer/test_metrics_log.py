@@ -1,0 +1,131 @@
+"""MetricsLogger: strict JSON lines, non-finite values, events, resume truncation, TensorBoard files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxppo.trainer.guards import GuardAction
+from jaxppo.trainer.metrics_log import MetricsLogger, read_jsonl, truncate_log
+
+
+def _lines(path):
+    return [json.loads(ln) for ln in path.read_text().splitlines()]
+
+
+def test_log_writes_one_strict_json_object_per_step(tmp_path):
+    with MetricsLogger(tmp_path, total_steps=3, tensorboard=False, progress=False) as lg:
+        out = lg.log(1, {"actor/pg_loss": jnp.float32(0.5), "critic/vf_loss": np.float64(2.0), "n": 3})
+        lg.log(2, {"actor/pg_loss": float("nan"), "critic/vf_loss": float("inf"), "x": -float("inf")})
+    assert out == {"actor/pg_loss": 0.5, "critic/vf_loss": 2.0, "n": 3.0}
+    assert all(type(v) is float for v in out.values())
+    text = (tmp_path / "metrics.jsonl").read_text()
+    rows = [json.loads(ln, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+            for ln in text.splitlines()]
+    assert rows[0] == {"step": 1, "actor/pg_loss": 0.5, "critic/vf_loss": 2.0, "n": 3.0}
+    assert rows[1] == {"step": 2, "actor/pg_loss": "nan", "critic/vf_loss": "inf", "x": "-inf"}
+    back = read_jsonl(tmp_path / "metrics.jsonl")
+    assert math.isnan(back[1]["actor/pg_loss"]) and back[1]["critic/vf_loss"] == math.inf
+    assert back[1]["x"] == -math.inf
+
+
+def test_bad_metric_values_name_the_key(tmp_path):
+    with MetricsLogger(tmp_path, total_steps=3, tensorboard=False, progress=False) as lg:
+        with pytest.raises(TypeError, match="'a/b'"):
+            lg.log(1, {"a/b": "hello"})
+        with pytest.raises(TypeError, match="'vec'"):
+            lg.log(1, {"vec": np.ones(3)})
+        with pytest.raises(ValueError, match="step"):
+            lg.log(1, {"step": 1.0})
+    with pytest.raises(RuntimeError, match="closed"):
+        lg.log(2, {"a": 1.0})
+
+
+def test_events_file_and_warning(tmp_path, caplog):
+    with MetricsLogger(tmp_path, total_steps=3, tensorboard=False, progress=False) as lg:
+        with caplog.at_level("WARNING", logger="jaxppo.trainer"):
+            lg.event(4, "lower_lr", "KL too high", lr=1e-6, kl=np.float32(0.1))
+            lg.log_actions(5, [GuardAction("rollback", "nan", {"nan_steps": 3})])
+    rows = _lines(tmp_path / "events.jsonl")
+    assert rows[0]["step"] == 4 and rows[0]["kind"] == "lower_lr" and rows[0]["lr"] == 1e-6
+    assert rows[0]["kl"] == pytest.approx(0.1)
+    assert rows[1] == {"step": 5, "kind": "rollback", "message": "nan", "nan_steps": 3}
+    assert "KL too high" in caplog.text and "lower_lr" in caplog.text
+
+
+def _run(out, steps, start=0, kill_after=None):
+    """Log steps start+1..steps (metric = step**2); stops early (without close) at kill_after."""
+    lg = MetricsLogger(out, total_steps=steps, start_step=start, tensorboard=False, progress=False)
+    for s in range(start + 1, steps + 1):
+        lg.log(s, {"m": float(s * s)})
+        if s % 3 == 0:
+            lg.event(s, "note", f"step {s}")
+        if kill_after is not None and s == kill_after:
+            return lg
+    lg.close()
+    return lg
+
+
+@pytest.mark.parametrize("half_line", [False, True])
+def test_resume_truncates_to_checkpoint_and_equals_uninterrupted(tmp_path, half_line):
+    ref, res = tmp_path / "ref", tmp_path / "res"
+    _run(ref, 10)
+    killed = _run(res, 10, kill_after=8)  # "checkpoint" at step 6, killed after logging step 8
+    killed._metrics.close(); killed._events.close()
+    if half_line:  # SIGKILL in the middle of a write
+        with open(res / "metrics.jsonl", "a") as f:
+            f.write('{"step": 9, "m": 8')
+        with open(res / "events.jsonl", "a") as f:
+            f.write('{"step": 9, "ki')
+    _run(res, 10, start=6)
+    for name in ("metrics.jsonl", "events.jsonl"):
+        assert (res / name).read_text() == (ref / name).read_text()
+    assert [r["step"] for r in _lines(res / "metrics.jsonl")] == list(range(1, 11))
+    assert not list(res.glob("*.tmp"))
+
+
+def test_fresh_start_empties_old_files(tmp_path):
+    _run(tmp_path, 4)
+    _run(tmp_path, 2)
+    assert [r["step"] for r in _lines(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "m": 1.0}\n{"step": 2, "m": oops}\n{"step": 3, "m": 9.0}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        truncate_log(p, 2)
+    p.write_text('{"step": 1, "m": 1.0}\n{"step": 2, "m": 4.0}\n{"step": 3, "m"')
+    assert truncate_log(p, 5) == 2
+
+
+def _tb_scalars(logdir):
+    """(tag, step, value) of every scalar in the TFRecord event files of ``logdir`` (independent reader)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out = []
+    for f in sorted(logdir.glob("events.out.tfevents.*")):
+        data = f.read_bytes()
+        pos = 0
+        while pos < len(data):
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            rec = data[pos + 12:pos + 12 + n]
+            pos += 12 + n + 4
+            ev = event_pb2.Event.FromString(rec)
+            for v in ev.summary.value:
+                if v.HasField("simple_value"):
+                    out.append((v.tag, ev.step, v.simple_value))
+    return out
+
+
+def test_tensorboard_scalars_and_progress_bar(tmp_path):
+    with MetricsLogger(tmp_path, total_steps=3, tensorboard=True, progress=True) as lg:
+        lg.log(1, {"critic/score/mean": 0.25, "actor/ppo_kl": float("nan")})
+        lg.log(3, {"critic/score/mean": 0.75})
+    assert _tb_scalars(tmp_path / "tensorboard") == [("critic/score/mean", 1, 0.25), ("critic/score/mean", 3, 0.75)]
