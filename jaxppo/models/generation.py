@@ -1,0 +1,195 @@
+"""Batched autoregressive generation with a KV cache: greedy, temperature, top-k and top-p sampling.
+
+Layout: ``prompt_ids`` [B, P] are LEFT-padded (``prompt_mask`` 0s then 1s per row). The cache has
+``P + N`` slots (N = ``max_new_tokens``): the prompt fills slots ``0..P-1`` in one prefill pass, the
+i-th new token goes to slot ``P + i`` with rotary position ``n_real(b) + i``. One jitted program
+(per shapes / static options) runs the prefill and a ``lax.while_loop`` decode loop that stops as
+soon as every row has emitted an EOS; nothing is recompiled per token.
+
+Sampling distribution at each step, from the float32 next-token logits ``z`` (in this order, like
+transformers' logits warpers):
+  1. temperature: ``z / T``;
+  2. top-k (k > 0): keep the k largest, the others get probability 0;
+  3. top-p (p < 1): sort the remaining probabilities ``π`` in decreasing order and keep the shortest
+     prefix whose mass reaches p, i.e. token j (sorted) is kept iff ``Σ_{i<j} π_i < p`` (the most likely
+     token is always kept);
+  4. renormalise: ``q = softmax(z / T | kept)``; sample ``y ~ q``; the returned log-prob is ``log q(y)``.
+``temperature == 0`` is greedy: ``y = argmax z`` and the returned log-prob is the model's own
+``log_softmax(z)[y]`` (the point mass of greedy decoding carries no information).
+
+After a row emits an EOS token (any of ``eos_token_id``) its later tokens are ``pad_token_id``,
+with mask 0 and log-prob 0; the EOS itself has mask 1.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxppo.models.layers import positions_from_mask
+
+
+class GenerationOutput(NamedTuple):
+    """``tokens`` [B, N] int32, ``logprobs`` [B, N] float32, ``mask`` [B, N] int32 (1 through the EOS)."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+
+
+def _eos_tuple(eos_token_id) -> tuple[int, ...]:
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, (int, np.integer)):
+        return (int(eos_token_id),)
+    out = tuple(int(e) for e in eos_token_id)
+    return out
+
+
+def sample_from_logits(logits: jax.Array, key: jax.Array, *, greedy: bool, temperature, top_k: int,
+                       use_top_p: bool, top_p) -> tuple[jax.Array, jax.Array]:
+    """One token per row from ``logits`` [B, V] (float32) and its log-prob under the sampling distribution.
+
+    See the module docstring for the distribution. ``greedy``, ``top_k`` and ``use_top_p`` are static.
+    Returns ``(tokens [B] int32, logprobs [B] float32)``.
+    """
+    logits = logits.astype(jnp.float32)
+    if greedy:
+        tok = jnp.argmax(logits, axis=-1)
+        lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+        return tok.astype(jnp.int32), lp
+    z = logits / temperature
+    if top_k == 0 and not use_top_p:
+        tok = jax.random.categorical(key, z, axis=-1)
+        lp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), tok[:, None], axis=-1)[:, 0]
+        return tok.astype(jnp.int32), lp
+    # work on the candidates sorted by decreasing logit (exact, ties broken by index)
+    if top_k > 0:
+        vals, idx = jax.lax.top_k(z, min(top_k, z.shape[-1]))
+    else:
+        idx = jnp.argsort(-z, axis=-1, stable=True)
+        vals = jnp.take_along_axis(z, idx, axis=-1)
+    if use_top_p:
+        probs = jax.nn.softmax(vals, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly before each candidate
+        keep = before < top_p
+        keep = keep.at[:, 0].set(True)
+        vals = jnp.where(keep, vals, -jnp.inf)
+    j = jax.random.categorical(key, vals, axis=-1)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(vals, axis=-1), j[:, None], axis=-1)[:, 0]
+    tok = jnp.take_along_axis(idx, j[:, None], axis=-1)[:, 0]
+    return tok.astype(jnp.int32), lp
+
+
+TRACE_COUNT = {"generate": 0}  # incremented at trace time; tests use it to check there is no recompilation
+
+
+@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "top_k", "use_top_p", "eos"))
+def _generate(graphdef, state, prompt_ids, prompt_mask, key, temperature, top_p, pad_token_id, *,
+              max_new_tokens: int, greedy: bool, top_k: int, use_top_p: bool, eos: tuple[int, ...]):
+    TRACE_COUNT["generate"] += 1
+    model = nnx.merge(graphdef, state)
+    trunk = model.model
+    b, p = prompt_ids.shape
+    n = max_new_tokens
+    sample = partial(sample_from_logits, greedy=greedy, temperature=temperature, top_k=top_k,
+                     use_top_p=use_top_p, top_p=top_p)
+    eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
+
+    cache = trunk.init_cache(b, p + n)
+    h, cache = trunk.forward_cached(prompt_ids, positions_from_mask(prompt_mask), prompt_mask, cache, 0)
+    logits = model.logits_from_hidden(h[:, -1:])[:, 0]
+    start_pos = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # position of the first new token
+
+    def emit(i, logits, bufs, done):
+        tokens, logps, mask = bufs
+        tok, lp = sample(logits, jax.random.fold_in(key, i))
+        live = ~done
+        tok = jnp.where(live, tok, pad_token_id).astype(jnp.int32)
+        lp = jnp.where(live, lp, 0.0)
+        tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, i, 1)
+        logps = jax.lax.dynamic_update_index_in_dim(logps, lp, i, 1)
+        mask = jax.lax.dynamic_update_index_in_dim(mask, live.astype(jnp.int32), i, 1)
+        if eos:
+            done = done | (live & jnp.any(tok[:, None] == eos_arr[None, :], axis=-1))
+        return tok, (tokens, logps, mask), done
+
+    bufs = (jnp.full((b, n), pad_token_id, jnp.int32), jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.int32))
+    tok, bufs, done = emit(0, logits, bufs, jnp.zeros((b,), bool))
+
+    def cond(carry):
+        i, _, _, _, done = carry
+        return (i < n) & ~jnp.all(done)
+
+    def body(carry):
+        i, tok, cache, bufs, done = carry
+        slot = p + i - 1  # slot of the previous token
+        h, cache = trunk.forward_cached(tok[:, None], (start_pos + i - 1)[:, None], jnp.ones((b, 1), jnp.int32),
+                                        cache, slot)
+        logits = model.logits_from_hidden(h)[:, 0]
+        tok, bufs, done = emit(i, logits, bufs, done)
+        return i + 1, tok, cache, bufs, done
+
+    _, _, _, bufs, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), tok, cache, bufs, done))
+    return GenerationOutput(*bufs)
+
+
+def _check_prompt(prompt_ids, prompt_mask) -> tuple[np.ndarray, np.ndarray] | None:
+    ids = np.asarray(prompt_ids)
+    mask = np.asarray(prompt_mask)
+    if ids.ndim != 2:
+        raise ValueError(f"generate: prompt_ids must be [batch, length], got shape {ids.shape}")
+    if mask.shape != ids.shape:
+        raise ValueError(f"generate: prompt_mask shape {mask.shape} does not match prompt_ids {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"generate: prompt_ids must be integers, got {ids.dtype}")
+    m = mask.astype(np.int64)
+    if not np.isin(m, (0, 1)).all():
+        raise ValueError("generate: prompt_mask must contain only 0 and 1")
+    if (m.sum(-1) == 0).any():
+        rows = np.nonzero(m.sum(-1) == 0)[0].tolist()
+        raise ValueError(f"generate: prompt row(s) {rows[:8]} have no real token (all-zero prompt_mask)")
+    if (np.diff(m, axis=-1) < 0).any():
+        rows = np.nonzero((np.diff(m, axis=-1) < 0).any(-1))[0].tolist()
+        raise ValueError(f"generate: prompts must be LEFT-padded (mask 0s then 1s); row(s) {rows[:8]} are not")
+    return ids, mask
+
+
+def generate(model, prompt_ids, prompt_mask, key: jax.Array, *, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, eos_token_id: int | Sequence[int] | None = None,
+             pad_token_id: int = 0) -> GenerationOutput:
+    """Generate ``max_new_tokens`` tokens after each left-padded prompt with a KV cache.
+
+    ``model``: a ``jaxppo.models.CausalLM`` (any param/compute dtype, possibly sharded).
+    ``prompt_ids``/``prompt_mask`` [B, P], left-padded; ``key`` a PRNG key (step i uses ``fold_in(key, i)``).
+    ``temperature`` 0 = greedy; ``top_k`` 0 = off; ``top_p`` 1 = off; ``eos_token_id`` None = never stop.
+    Returns ``GenerationOutput(tokens [B, N] int32, logprobs [B, N] float32, mask [B, N] int32)``, see
+    the module docstring for the sampling distribution and the EOS/mask convention. Shapes, the
+    model structure and the static options (greedy or not, ``top_k``, top-p on/off, EOS ids) key the
+    compilation cache; temperature, top_p values and the key do not cause recompiles.
+    """
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
+    if not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"generate: top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+    if not (0.0 < top_p <= 1.0):
+        raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
+    eos = _eos_tuple(eos_token_id)
+    vocab = model.config.vocab_size
+    bad = [e for e in eos if not 0 <= e < vocab]
+    if bad:
+        raise ValueError(f"generate: eos_token_id {bad} outside the vocabulary [0, {vocab})")
+    ids, mask = _check_prompt(prompt_ids, prompt_mask)
+    graphdef, state = nnx.split(model)
+    greedy = float(temperature) == 0.0
+    return _generate(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), key,
+                     jnp.float32(temperature if not greedy else 1.0), jnp.float32(top_p), jnp.int32(pad_token_id),
+                     max_new_tokens=int(max_new_tokens), greedy=greedy, top_k=int(top_k),
+                     use_top_p=float(top_p) < 1.0, eos=eos)
