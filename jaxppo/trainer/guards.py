@@ -1,0 +1,196 @@
+"""Host-side training guards (DESIGN.md section 5); each returns the actions the trainer must take.
+
+* **KL guard** — ``kl > kl_threshold`` for the first KL metric of ``kl_keys`` present in a step's
+  metrics (default ``"actor/ppo_kl"``, the approximate KL of the update to the PPO "old" policy;
+  pass e.g. ``kl_keys=("actor/kl_loss",)`` or ``("eval/kl",)`` to guard the KL to the reference)
+  → ``GuardAction("lower_lr", data={"lr": kl_lr, "kl": kl, "key": key})``. It fires once when the KL
+  crosses the threshold and again only after the KL has been at or below the threshold in between.
+* **Response-length guard** — ``response_length/mean > length_factor × m`` where ``m`` is the
+  running mean of all previous finite values of that metric → ``"length_warning"`` (possible mode
+  collapse). The first value never warns; every finite value joins the running mean.
+* **Perplexity guard** — ``check_perplexity(step, ppl)``: the first value is the baseline ``b``;
+  later ``ppl > (1 + ppl_tolerance)·b`` or a non-finite ``ppl`` → ``"rollback"`` (to the last good
+  checkpoint). ``should_check_perplexity(step)`` is ``step % ppl_every == 0``.
+* **NaN guard** — ``note_nan(step)`` counts consecutive skipped updates with a NaN/inf loss,
+  ``note_finite(step)`` resets the count; reaching ``max_nan_steps`` → ``"rollback"`` and the count
+  restarts from 0.
+
+All state is plain numbers (``state_dict`` / ``Guards.from_state_dict``, JSON-able), so a guard
+restored from a checkpoint takes the same later actions as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from jaxppo.config.schema import GuardsConfig
+
+LOWER_LR = "lower_lr"
+LENGTH_WARNING = "length_warning"
+ROLLBACK = "rollback"
+
+DEFAULT_KL_KEYS = ("actor/ppo_kl",)
+DEFAULT_LENGTH_KEYS = ("response_length/mean",)
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GuardAction:
+    """``kind`` in {"lower_lr", "length_warning", "rollback"}; ``data`` holds JSON-able details."""
+
+    kind: str
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _finite(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+class Guards:
+    """The guards of one run. ``cfg``: a ``GuardsConfig`` or a full ``Config`` (its ``guards`` section)."""
+
+    def __init__(self, cfg: Any, *, kl_keys: Sequence[str] = DEFAULT_KL_KEYS,
+                 length_keys: Sequence[str] = DEFAULT_LENGTH_KEYS):
+        cfg = getattr(cfg, "guards", cfg)
+        if not isinstance(cfg, GuardsConfig):
+            raise TypeError(f"Guards needs a GuardsConfig (or a Config with .guards), got {type(cfg).__name__}")
+        if not kl_keys or not length_keys:
+            raise ValueError("Guards: kl_keys and length_keys must name at least one metric")
+        self.cfg = cfg
+        self.kl_keys = tuple(kl_keys)
+        self.length_keys = tuple(length_keys)
+        self.kl_active = False  # KL is above the threshold and the LR cut was already requested
+        self.length_sum = {k: 0.0 for k in self.length_keys}
+        self.length_count = {k: 0 for k in self.length_keys}
+        self.ppl_baseline: float | None = None
+        self.nan_streak = 0
+        self.nan_total = 0
+
+    # ------------------------------------------------------------------ per-step metrics
+    def check(self, step: int, metrics: Mapping[str, Any]) -> list[GuardAction]:
+        """KL and response-length guards on one step's metrics (missing metrics are skipped)."""
+        actions: list[GuardAction] = []
+        for key in self.kl_keys:
+            if key not in metrics:
+                continue
+            kl = _finite(metrics[key])
+            if kl is None:  # NaN steps are the NaN guard's business
+                break
+            if kl > self.cfg.kl_threshold:
+                if not self.kl_active:
+                    self.kl_active = True
+                    actions.append(GuardAction(
+                        LOWER_LR,
+                        f"{key}={kl:.4g} > kl_threshold={self.cfg.kl_threshold:g}: lowering the learning rate "
+                        f"to {self.cfg.kl_lr:g}",
+                        {"lr": self.cfg.kl_lr, "kl": kl, "key": key, "threshold": self.cfg.kl_threshold}))
+            else:
+                self.kl_active = False
+            break
+        for key in self.length_keys:
+            if key not in metrics:
+                continue
+            length = _finite(metrics[key])
+            if length is None:
+                continue
+            n = self.length_count[key]
+            if n > 0:
+                mean = self.length_sum[key] / n
+                if length > self.cfg.length_factor * mean:
+                    actions.append(GuardAction(
+                        LENGTH_WARNING,
+                        f"{key}={length:.4g} > {self.cfg.length_factor:g} x running mean {mean:.4g}: "
+                        "possible mode collapse",
+                        {"length": length, "running_mean": mean, "key": key, "factor": self.cfg.length_factor}))
+            self.length_sum[key] += length
+            self.length_count[key] = n + 1
+        return actions
+
+    # ------------------------------------------------------------------ perplexity
+    def should_check_perplexity(self, step: int) -> bool:
+        return step % self.cfg.ppl_every == 0
+
+    def check_perplexity(self, step: int, ppl: float) -> list[GuardAction]:
+        """Held-out perplexity guard; the first call sets the baseline (ValueError if it is not finite)."""
+        v = _finite(ppl)
+        if self.ppl_baseline is None:
+            if v is None:
+                raise ValueError(f"step {step}: the baseline held-out perplexity is not finite ({ppl}); "
+                                 "the starting policy or the held-out data is broken")
+            self.ppl_baseline = v
+            return []
+        limit = (1.0 + self.cfg.ppl_tolerance) * self.ppl_baseline
+        if v is None or v > limit:
+            return [GuardAction(
+                ROLLBACK,
+                f"held-out perplexity {float(ppl):.4g} > (1 + {self.cfg.ppl_tolerance:g}) x baseline "
+                f"{self.ppl_baseline:.4g}: rolling back to the last good checkpoint",
+                {"ppl": float(ppl), "baseline": self.ppl_baseline, "limit": limit, "reason": "perplexity"})]
+        return []
+
+    # ------------------------------------------------------------------ NaN / inf losses
+    def note_nan(self, step: int) -> list[GuardAction]:
+        """Count a skipped update with a non-finite loss; ``max_nan_steps`` in a row → rollback."""
+        self.nan_streak += 1
+        self.nan_total += 1
+        if self.nan_streak >= self.cfg.max_nan_steps:
+            n = self.nan_streak
+            self.nan_streak = 0
+            return [GuardAction(
+                ROLLBACK,
+                f"{n} consecutive updates with a NaN/inf loss (max_nan_steps={self.cfg.max_nan_steps}): "
+                "rolling back to the last good checkpoint",
+                {"nan_steps": n, "nan_total": self.nan_total, "reason": "nan"})]
+        return []
+
+    def note_finite(self, step: int) -> list[GuardAction]:
+        """A finite update: the consecutive-NaN count restarts."""
+        self.nan_streak = 0
+        return []
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state (floats, ints, bools, dicts of them)."""
+        return {
+            "version": STATE_VERSION,
+            "kl_keys": list(self.kl_keys),
+            "length_keys": list(self.length_keys),
+            "kl_active": bool(self.kl_active),
+            "length_sum": {k: float(v) for k, v in self.length_sum.items()},
+            "length_count": {k: int(v) for k, v in self.length_count.items()},
+            "ppl_baseline": self.ppl_baseline,
+            "nan_streak": int(self.nan_streak),
+            "nan_total": int(self.nan_total),
+        }
+
+    @classmethod
+    def from_state_dict(cls, cfg: Any, d: Mapping[str, Any]) -> "Guards":
+        """Guards with config ``cfg`` and the state of ``state_dict()``; ValueError naming a bad field."""
+        need = ("version", "kl_keys", "length_keys", "kl_active", "length_sum", "length_count", "ppl_baseline",
+                "nan_streak", "nan_total")
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise ValueError(f"guards state is missing field(s) {missing}")
+        if d["version"] != STATE_VERSION:
+            raise ValueError(f"guards state version {d['version']!r} is not supported (expected {STATE_VERSION})")
+        g = cls(cfg, kl_keys=tuple(d["kl_keys"]), length_keys=tuple(d["length_keys"]))
+        if set(d["length_sum"]) != set(g.length_keys) or set(d["length_count"]) != set(g.length_keys):
+            raise ValueError("guards state: length_sum/length_count keys do not match length_keys")
+        g.kl_active = bool(d["kl_active"])
+        g.length_sum = {k: float(d["length_sum"][k]) for k in g.length_keys}
+        g.length_count = {k: int(d["length_count"][k]) for k in g.length_keys}
+        g.ppl_baseline = None if d["ppl_baseline"] is None else float(d["ppl_baseline"])
+        g.nan_streak = int(d["nan_streak"])
+        g.nan_total = int(d["nan_total"])
+        return g
+
+
+__all__ = ["DEFAULT_KL_KEYS", "DEFAULT_LENGTH_KEYS", "GuardAction", "Guards", "LENGTH_WARNING", "LOWER_LR",
+           "ROLLBACK"]
