@@ -1,0 +1,141 @@
+"""Prioritized replay step time: jaxppo.replay vs flashbax's prioritised item buffer, side by side.
+
+One step = ``sample(256)`` + ``update_priorities(256)`` (flashbax: ``sample`` + ``set_priorities``), each
+library's step jitted with its state donated, on a full buffer of N items with random priorities.
+jaxppo's step also computes the PER importance weights (flashbax has none). Repeats are interleaved
+(jaxppo, flashbax, jaxppo, ...) and the median per-step time is reported, with the ratio.
+
+    python benchmarks/replay.py [--sizes 1000 50000 1000000] [--steps 200] [--repeats 7]
+
+Writes ``benchmarks/results/replay.json``. flashbax is a benchmark-only dependency (``pip install
+flashbax --no-deps``, extra ``bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from importlib.metadata import version as _dist_version
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo import replay
+
+BATCH = 256
+ALPHA = 0.6
+EPS = 1e-6
+ITEM_LEN = 8
+
+
+def make_items(n: int, key: jax.Array) -> dict:
+    k1, k2 = jax.random.split(key)
+    return {"tokens": jax.random.randint(k1, (n, ITEM_LEN), 0, 1000, jnp.int32),
+            "score": jax.random.normal(k2, (n,), jnp.float32)}
+
+
+def jaxppo_setup(n: int, key: jax.Array, leaf_fanout: int | None):
+    example = {"tokens": jnp.zeros((ITEM_LEN,), jnp.int32), "score": jnp.zeros((), jnp.float32)}
+    state = replay.init(n, example, alpha=ALPHA, eps=EPS, leaf_fanout=leaf_fanout)
+    ka, kp = jax.random.split(key)
+    state = replay.add(state, make_items(n, ka), priorities=jax.random.exponential(kp, (n,)))
+
+    def step(state, key):
+        k1, k2 = jax.random.split(key)
+        s = replay.sample(state, k1, BATCH, beta=0.4)
+        td = jax.random.exponential(k2, (BATCH,)) * (1.0 + 0.0 * s.weights)
+        return replay.update_priorities(state, s.indices, td), s.weights.sum()
+
+    return state, jax.jit(step, donate_argnums=0)
+
+
+def flashbax_setup(n: int, key: jax.Array):
+    import flashbax as fbx
+    buf = fbx.make_prioritised_item_buffer(max_length=n, min_length=1, sample_batch_size=BATCH,
+                                           add_batches=True, priority_exponent=ALPHA, device="cpu")
+    example = {"tokens": jnp.zeros((ITEM_LEN,), jnp.int32), "score": jnp.zeros((), jnp.float32)}
+    state = buf.init(example)
+    ka, kp = jax.random.split(key)
+    state = jax.jit(buf.add, donate_argnums=0)(state, make_items(n, ka))
+    state = jax.jit(buf.set_priorities, donate_argnums=0)(
+        state, jnp.arange(n, dtype=jnp.int32), jax.random.exponential(kp, (n,)) + EPS)
+
+    def step(state, key):
+        k1, k2 = jax.random.split(key)
+        s = buf.sample(state, k1)
+        td = jax.random.exponential(k2, (BATCH,))
+        return buf.set_priorities(state, s.indices, td + EPS), s.probabilities.sum()
+
+    return state, jax.jit(step, donate_argnums=0)
+
+
+def time_steps(step, state, keys) -> tuple[float, object]:
+    state, out = step(state, keys[0])           # compile + warm up
+    jax.block_until_ready((state, out))
+    t0 = time.perf_counter()
+    for k in keys:
+        state, out = step(state, k)
+    jax.block_until_ready((state, out))
+    return (time.perf_counter() - t0) / len(keys), state
+
+
+def bench(n: int, steps: int, repeats: int, leaf_fanout: int | None, with_flashbax: bool) -> dict:
+    key = jax.random.key(n)
+    keys = list(jax.random.split(jax.random.key(1), steps))
+    ours_state, ours_step = jaxppo_setup(n, key, leaf_fanout)
+    runners = {"jaxppo": [ours_step, ours_state, []]}
+    if with_flashbax:
+        fbx_state, fbx_step = flashbax_setup(n, key)
+        runners["flashbax"] = [fbx_step, fbx_state, []]
+    for _ in range(repeats):
+        for r in runners.values():
+            t, r[1] = time_steps(r[0], r[1], keys)
+            r[2].append(t)
+    layout = ours_state.layout          # static, still readable after the arrays were donated
+    row = {"N": n, "tree": "x".join(map(str, (layout.top, *reversed(layout.fanouts))))}
+    for name, r in runners.items():
+        row[f"{name}_us"] = statistics.median(r[2]) * 1e6
+        row[f"{name}_us_min"] = min(r[2]) * 1e6
+    if with_flashbax:
+        row["speedup"] = row["flashbax_us"] / row["jaxppo_us"]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 50_000, 1_000_000])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--leaf-fanout", type=int, default=None, help="override jaxppo's leaf row size")
+    ap.add_argument("--no-flashbax", action="store_true")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "replay.json"))
+    args = ap.parse_args()
+
+    rows = [bench(n, args.steps, args.repeats, args.leaf_fanout, not args.no_flashbax) for n in args.sizes]
+    header = f"{'N':>9} {'tree (top x ... x leaf)':>24} {'jaxppo us/step':>15} {'flashbax us/step':>17} {'speedup':>8}"
+    print(header)
+    for r in rows:
+        fb = f"{r['flashbax_us']:17.1f}" if "flashbax_us" in r else f"{'-':>17}"
+        sp = f"{r['speedup']:7.2f}x" if "speedup" in r else f"{'-':>8}"
+        print(f"{r['N']:>9} {r['tree']:>24} {r['jaxppo_us']:15.1f} {fb} {sp}")
+    meta = {"batch": BATCH, "alpha": ALPHA, "steps": args.steps, "repeats": args.repeats,
+            "jax": jax.__version__, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+            "machine": platform.machine(), "step": "sample(256) + update_priorities(256), jitted, donated"}
+    try:
+        import flashbax
+        meta["flashbax"] = getattr(flashbax, "__version__", None) or _dist_version("flashbax")
+    except ImportError:
+        pass
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Pure buffer operations: ``add``, ``sample``, ``update_priorities``, ``set_priorities``.
+
+All are jittable (``batch_size`` static) and return new states. Eager calls validate their inputs and
+raise ``ValueError`` naming the problem; under ``jit`` the documented fallbacks apply.
+
+Formulas (``N`` = number of valid items, i.e. filled slots with stored priority > 0):
+
+- proportional: ``P(i) = p_i / Σ_k p_k`` with stored ``p_i = (|δ_i| + ε)^α``;
+- rank: ``P(i) = rank(i)^(-α) / Σ_{r=1..N} r^(-α)``, ``rank`` 1 = largest ``|δ| + ε`` (ties: lower slot first);
+- weights: ``w_i = (N·P(i))^(-β) / max_j (N·P(j))^(-β)``; the maximum is that of the least likely valid
+  item in the whole buffer, so ``w_i = (P_min / P(i))^β`` (``N`` cancels) and ``0 < w_i <= 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.parallel.mesh import batch_divisor
+from jaxppo.replay import tree as tree_lib
+from jaxppo.replay.sampling import stratified_descent
+from jaxppo.replay.state import (ReplayState, Sample, constrain, is_concrete, leading_sharding,
+                                 replicated_sharding, stored_priority)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _batch_len(name: str, x: Any) -> int:
+    shape = np.shape(x)
+    if len(shape) != 1:
+        raise ValueError(f"replay {name} must be 1-D [B], got shape {shape}")
+    return shape[0]
+
+
+def _check_finite(name: str, x: Any) -> None:
+    if is_concrete(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
+        raise ValueError(f"replay {name} contains NaN or inf values")
+
+
+def _last_write_mask(indices: jax.Array) -> jax.Array:
+    """``keep[b]`` is True unless the same index appears again later in the batch (last write wins)."""
+    later_duplicate = jnp.triu(indices[:, None] == indices[None, :], k=1)
+    return ~jnp.any(later_duplicate, axis=1)
+
+
+def _write_priorities(state: ReplayState, indices: jax.Array, stored: jax.Array) -> ReplayState:
+    indices = jnp.asarray(indices, jnp.int32)
+    valid = (indices >= 0) & (indices < state.size)
+    keep = _last_write_mask(indices) & valid
+    n = state.priorities.shape[0]
+    priorities = state.priorities.at[jnp.where(keep, indices, n)].set(stored, mode="drop")  # n: dropped
+    priorities = constrain(priorities, leading_sharding(state.mesh, 1))
+    new_max = jnp.max(jnp.where(keep, stored, 0.0), initial=0.0)
+    tree = tree_lib.refresh(state.tree, priorities, jnp.clip(indices, 0, n - 1), state.layout)
+    return state.replace(priorities=priorities, tree=constrain(tree, replicated_sharding(state.mesh)),
+                         max_priority=jnp.maximum(state.max_priority, new_max))
+
+
+def _check_indices(state: ReplayState, indices: Any) -> None:
+    if is_concrete(indices, state.size):
+        idx = np.asarray(indices)
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise ValueError(f"replay indices must be integers, got dtype {idx.dtype}")
+        size = int(state.size)
+        bad = (idx < 0) | (idx >= size)
+        if bad.any():
+            raise ValueError(f"replay indices {idx[bad][:5].tolist()} are not filled slots "
+                             f"(valid: 0..{size - 1}, buffer size {size})")
+
+
+# ------------------------------------------------------------------------------------------------- API
+def update_priorities(state: ReplayState, indices: jax.Array, td_abs: jax.Array) -> ReplayState:
+    """Store ``p = (|δ| + ε)^α`` (rank-based: ``|δ| + ε``) for ``indices`` and update the running max.
+
+    ``indices`` int ``[B]`` filled slots (from :func:`sample`), ``td_abs`` ``[B]`` the fresh ``|δ|`` of each.
+    Duplicate indices: the LAST occurrence in the batch wins (deterministic). Under ``jit``,
+    indices outside ``0..size-1`` are ignored and non-finite ``|δ|`` get the running maximum; eager
+    calls raise ``ValueError`` for both.
+    """
+    b = _batch_len("indices", indices)
+    if _batch_len("td_abs", td_abs) != b:
+        raise ValueError(f"replay update_priorities: indices has {b} entries but td_abs has {np.shape(td_abs)[0]}")
+    _check_indices(state, indices)
+    _check_finite("td_abs", td_abs)
+    return _write_priorities(state, indices, stored_priority(state, td_abs))
+
+
+def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array) -> ReplayState:
+    """Write STORED priorities directly (no ``ε``, no exponent): ``0`` switches an item off.
+
+    Use it to mask or scale items by a filter (e.g. PF-PPO weights times the current priorities).
+    Values must be finite and ``>= 0``; duplicates: last occurrence wins; the running max is updated.
+    """
+    b = _batch_len("indices", indices)
+    if _batch_len("priorities", priorities) != b:
+        raise ValueError(f"replay set_priorities: indices has {b} entries but priorities has "
+                         f"{np.shape(priorities)[0]}")
+    _check_indices(state, indices)
+    _check_finite("priorities", priorities)
+    if is_concrete(priorities) and bool(np.any(np.asarray(priorities) < 0)):
+        raise ValueError("replay set_priorities: stored priorities must be >= 0")
+    stored = jnp.maximum(jnp.nan_to_num(jnp.asarray(priorities, jnp.float32), nan=0.0, posinf=0.0), 0.0)
+    return _write_priorities(state, indices, stored)
+
+
+def add(state: ReplayState, items: Mapping[str, Any], priorities: jax.Array | None = None) -> ReplayState:
+    """Write a batch of items into the ring buffer at ``insert_pos`` (wrapping around).
+
+    ``items``: dict with the same keys as the buffer, each ``[b, ...]`` with ``b <= capacity``.
+    ``priorities``: optional ``|δ|`` per item (stored as in :func:`update_priorities`); by default every
+    new item gets the running maximum priority. Overwritten slots get the new item's priority.
+    """
+    if not isinstance(items, Mapping):
+        raise ValueError(f"replay add: items must be a dict of arrays, got {type(items).__name__}")
+    missing, extra = set(state.storage) - set(items), set(items) - set(state.storage)
+    if missing or extra:
+        raise ValueError(f"replay add: item keys differ from the buffer's; missing {sorted(missing)}, "
+                         f"unexpected {sorted(extra)}")
+    sizes = {k: (np.shape(v)[0] if np.ndim(v) else None) for k, v in items.items()}
+    b_set = set(sizes.values())
+    if len(b_set) != 1 or None in b_set:
+        raise ValueError(f"replay add: all items need the same leading batch size, got {sizes}")
+    b = b_set.pop()
+    if b < 1 or b > state.capacity:
+        raise ValueError(f"replay add: batch of {b} items; must be 1..capacity ({state.capacity})")
+    new_storage = {}
+    for key, buf in state.storage.items():
+        x = jnp.asarray(items[key])
+        if x.shape[1:] != buf.shape[1:]:
+            raise ValueError(f"replay add: item {key!r} has per-item shape {x.shape[1:]}, "
+                             f"the buffer stores {buf.shape[1:]}")
+        if not jnp.can_cast(x.dtype, buf.dtype, casting="same_kind"):
+            raise ValueError(f"replay add: item {key!r} has dtype {x.dtype}, cannot store it as {buf.dtype}")
+        new_storage[key] = x.astype(buf.dtype)
+
+    pos = (state.insert_pos + jnp.arange(b, dtype=jnp.int32)) % state.capacity
+    if priorities is None:
+        stored = jnp.broadcast_to(state.max_priority, (b,))
+    else:
+        if _batch_len("priorities", priorities) != b:
+            raise ValueError(f"replay add: {b} items but {np.shape(priorities)[0]} priorities")
+        _check_finite("priorities", priorities)
+        stored = stored_priority(state, priorities)
+
+    storage = {k: constrain(state.storage[k].at[pos].set(v), leading_sharding(state.mesh, v.ndim))
+               for k, v in new_storage.items()}
+    pr = constrain(state.priorities.at[pos].set(stored), leading_sharding(state.mesh, 1))
+    tree = constrain(tree_lib.build(pr, state.layout), replicated_sharding(state.mesh))
+    return state.replace(
+        storage=storage, priorities=pr, tree=tree,
+        max_priority=jnp.maximum(state.max_priority, jnp.max(stored)),
+        insert_pos=(state.insert_pos + b) % state.capacity,
+        size=jnp.minimum(state.size + b, state.capacity).astype(jnp.int32),
+    )
+
+
+def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float | jax.Array) -> Sample:
+    """Stratified prioritized sample of ``batch_size`` items (with replacement across strata).
+
+    Returns :class:`Sample` with ``indices``, ``items``, exact ``probs`` ``P(i)`` and ``weights``
+    ``w_i = (N·P(i))^(-β) / max_j w_j`` (module docstring). Items with stored priority 0 are never drawn.
+    An empty buffer raises eagerly; under ``jit`` it returns ``probs == weights == 0``.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"replay sample: batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = int(batch_size)
+    if is_concrete(beta):
+        bv = float(np.asarray(beta))
+        if not 0.0 <= bv <= 1.0:
+            raise ValueError(f"replay sample: beta must be in [0, 1], got {bv}")
+    if is_concrete(state.tree) and not bool(np.asarray(state.tree[0]).max(initial=0.0) > 0):
+        raise ValueError("replay sample: the buffer holds no item with a positive priority (empty buffer?)")
+    beta = jnp.asarray(beta, jnp.float32)
+    rep = replicated_sharding(state.mesh)
+    layout = state.layout
+
+    if state.prioritization == "proportional":
+        leaves, tree = state.priorities, state.tree
+        m_min = tree_lib.total_and_min(tree, layout)[1]
+    else:
+        raw = constrain(state.priorities, rep)
+        order = jnp.argsort(-raw, stable=True).astype(jnp.int32)     # rank 1 first; ties: lower slot
+        n_valid = jnp.sum(raw > 0)
+        ranks = jnp.arange(1, raw.shape[0] + 1, dtype=jnp.float32)
+        leaves = jnp.where(ranks <= n_valid, ranks ** (-jnp.float32(state.alpha)), 0.0)   # mass by rank
+        tree = tree_lib.build(leaves, layout)
+        m_min = jnp.maximum(n_valid, 1).astype(jnp.float32) ** (-jnp.float32(state.alpha))
+
+    def rows_of(l, nodes):
+        f = layout.fanouts[l]
+        if l == 0:
+            return constrain(leaves.reshape(-1, f)[nodes], rep)
+        return layout.level(tree, l)[0].reshape(-1, f)[nodes]
+
+    top = layout.level(tree, layout.depth)[0]
+    pos, total = stratified_descent(top, rows_of, layout.depth, key, batch_size)
+    m = leaves[pos]
+    indices = pos if state.prioritization == "proportional" else order[pos]
+
+    ok = (total > 0) & (m > 0)
+    probs = jnp.where(ok, m / jnp.where(total > 0, total, 1.0), 0.0)
+    weights = jnp.where(ok, (m_min / jnp.where(m > 0, m, 1.0)) ** beta, 0.0)
+    if state.mesh is not None and batch_size % batch_divisor(state.mesh) == 0:
+        def shard(x):       # the minibatch goes out split over the batch axes, like the train step wants it
+            return constrain(x, leading_sharding(state.mesh, x.ndim))
+    else:
+        def shard(x):
+            return constrain(x, rep)
+    items = {k: shard(v[indices]) for k, v in state.storage.items()}
+    return Sample(indices=shard(indices), items=items, probs=shard(probs), weights=shard(weights))

@@ -1,0 +1,159 @@
+"""PF-PPO policy filtration (Zhang et al., arXiv 2409.06957) as pure, jittable weight functions.
+
+Per prompt group (responses sharing a ``group_id``; ``num_groups`` is static for ``jit``), each function
+returns a float32 weight per response, ``[B]``; filters return a 0/1 keep mask:
+
+- ``best_of_n``:    1 on the best-scored response of each group.
+- ``best_random``:  1 on the best and on one other response of the group drawn uniformly at random.
+- ``best_worst``:   1 on the best and on the worst response of the group.
+- ``pow``:          ``|s|^k``.
+
+Ties are broken deterministically: the lowest batch index counts as the best; the worst is the lowest
+index among the minimal scores once the best is removed (so a group of equal scores keeps its first
+two responses). A group of one keeps just that response. ``mask`` (optional, ``[B]``, 1 = real
+response) excludes padding rows: they get weight 0 and never count as best/worst/random.
+
+Batch level, verl's ``algorithm.pf_ppo`` semantics (whole batch, no groups), see
+:func:`batch_reweight`: ``pow`` → ``|s|^k``; ``max_min`` → 1 where ``s`` equals the batch max or min,
+else 0; ``max_random`` → 0.4 where ``s`` equals the batch max, else 0.1; then ``w ← max(w + 1e-8, 1e-8)``.
+verl then resamples the batch with replacement in proportion to ``w`` (:func:`resample_indices`).
+Scores are sequence scores ``[B]`` (verl sums the token-level scores of each response).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.replay.state import is_concrete
+
+GROUP_FILTERS = ("none", "best_of_n", "best_random", "best_worst", "pow")
+BATCH_METHODS = ("pow", "max_min", "max_random")
+
+
+def _check(scores, group_ids, num_groups, mask) -> None:
+    if np.ndim(scores) != 1:
+        raise ValueError(f"pf_ppo: scores must be 1-D [B] sequence scores, got shape {np.shape(scores)}")
+    b = np.shape(scores)[0]
+    if group_ids is not None:
+        if np.shape(group_ids) != (b,):
+            raise ValueError(f"pf_ppo: group_ids shape {np.shape(group_ids)} does not match scores ({b},)")
+        if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)) or num_groups < 1:
+            raise ValueError(f"pf_ppo: num_groups must be a positive int (static), got {num_groups!r}")
+        if is_concrete(group_ids):
+            g = np.asarray(group_ids)
+            if not np.issubdtype(g.dtype, np.integer):
+                raise ValueError(f"pf_ppo: group_ids must be integers, got dtype {g.dtype}")
+            if g.size and (g.min() < 0 or g.max() >= num_groups):
+                raise ValueError(f"pf_ppo: group_ids must lie in [0, num_groups={num_groups}), "
+                                 f"got range [{g.min()}, {g.max()}]")
+    if mask is not None and np.shape(mask) != (b,):
+        raise ValueError(f"pf_ppo: mask shape {np.shape(mask)} does not match scores ({b},)")
+    if is_concrete(scores) and not bool(np.all(np.isfinite(np.asarray(scores)))):
+        raise ValueError("pf_ppo: scores contain NaN or inf")
+
+
+def _valid(scores, mask):
+    return jnp.ones(scores.shape, bool) if mask is None else jnp.asarray(mask) > 0
+
+
+def _first_where(cond, group_ids, num_groups):
+    """Per item: True iff it is the lowest-index item with ``cond`` in its group."""
+    b = cond.shape[0]
+    idx = jnp.arange(b, dtype=jnp.int32)
+    first = jax.ops.segment_min(jnp.where(cond, idx, b), group_ids, num_segments=num_groups)
+    return cond & (idx == first[group_ids])
+
+
+def _best(scores, group_ids, num_groups, valid):
+    top = jax.ops.segment_max(jnp.where(valid, scores, -jnp.inf), group_ids, num_segments=num_groups)
+    return _first_where(valid & (scores == top[group_ids]), group_ids, num_groups)
+
+
+def best_of_n(scores, group_ids, num_groups: int, *, mask=None) -> jax.Array:
+    """Keep mask: 1 on the best response of each group (lowest index on ties)."""
+    _check(scores, group_ids, num_groups, mask)
+    scores, group_ids = jnp.asarray(scores, jnp.float32), jnp.asarray(group_ids, jnp.int32)
+    return _best(scores, group_ids, num_groups, _valid(scores, mask)).astype(jnp.float32)
+
+
+def best_worst(scores, group_ids, num_groups: int, *, mask=None) -> jax.Array:
+    """Keep mask: 1 on the best and the worst response of each group."""
+    _check(scores, group_ids, num_groups, mask)
+    scores, group_ids = jnp.asarray(scores, jnp.float32), jnp.asarray(group_ids, jnp.int32)
+    valid = _valid(scores, mask)
+    best = _best(scores, group_ids, num_groups, valid)
+    rest = valid & ~best
+    low = jax.ops.segment_min(jnp.where(rest, scores, jnp.inf), group_ids, num_segments=num_groups)
+    worst = _first_where(rest & (scores == low[group_ids]), group_ids, num_groups)
+    return (best | worst).astype(jnp.float32)
+
+
+def best_random(scores, group_ids, num_groups: int, key: jax.Array, *, mask=None) -> jax.Array:
+    """Keep mask: 1 on the best response and on one other response of the group chosen uniformly."""
+    _check(scores, group_ids, num_groups, mask)
+    scores, group_ids = jnp.asarray(scores, jnp.float32), jnp.asarray(group_ids, jnp.int32)
+    valid = _valid(scores, mask)
+    best = _best(scores, group_ids, num_groups, valid)
+    rest = valid & ~best
+    u = jax.random.uniform(key, scores.shape)
+    top_u = jax.ops.segment_max(jnp.where(rest, u, -1.0), group_ids, num_segments=num_groups)
+    pick = _first_where(rest & (u == top_u[group_ids]), group_ids, num_groups)
+    return (best | pick).astype(jnp.float32)
+
+
+def pow_weights(scores, k: float, *, mask=None) -> jax.Array:
+    """``|s|^k`` (0 on masked rows)."""
+    _check(scores, None, None, mask)
+    scores = jnp.asarray(scores, jnp.float32)
+    return jnp.where(_valid(scores, mask), jnp.abs(scores) ** jnp.float32(k), 0.0)
+
+
+def filter_weights(method: str, scores, group_ids=None, num_groups: int | None = None, *,
+                   key: jax.Array | None = None, weight_pow: float = 1.0, mask=None) -> jax.Array:
+    """Dispatch on ``method`` in :data:`GROUP_FILTERS` (``"none"``: 1 on every real response)."""
+    if method not in GROUP_FILTERS:
+        raise ValueError(f"pf_ppo.filter must be one of {GROUP_FILTERS}, got {method!r}")
+    if method == "none":
+        _check(scores, None, None, mask)
+        return _valid(jnp.asarray(scores), mask).astype(jnp.float32)
+    if method == "pow":
+        return pow_weights(scores, weight_pow, mask=mask)
+    if group_ids is None or num_groups is None:
+        raise ValueError(f"pf_ppo filter {method!r} needs group_ids and num_groups")
+    if method == "best_of_n":
+        return best_of_n(scores, group_ids, num_groups, mask=mask)
+    if method == "best_worst":
+        return best_worst(scores, group_ids, num_groups, mask=mask)
+    if key is None:
+        raise ValueError("pf_ppo filter 'best_random' needs a PRNG key")
+    return best_random(scores, group_ids, num_groups, key, mask=mask)
+
+
+def batch_reweight(scores, method: str, weight_pow: float = 2.0) -> jax.Array:
+    """verl's batch-level PF-PPO weights (module docstring), including the ``1e-8`` floor."""
+    if method not in BATCH_METHODS:
+        raise ValueError(f"pf_ppo.reweight_method must be one of {BATCH_METHODS}, got {method!r}")
+    _check(scores, None, None, None)
+    s = jnp.asarray(scores, jnp.float32)
+    if method == "pow":
+        w = jnp.abs(s) ** jnp.float32(weight_pow)
+    elif method == "max_min":
+        w = jnp.where((s == jnp.max(s)) | (s == jnp.min(s)), 1.0, 0.0)
+    else:
+        w = jnp.where(s == jnp.max(s), 0.4, 0.1)
+    return jnp.maximum(w + 1e-8, 1e-8)
+
+
+def resample_indices(key: jax.Array, weights, num_samples: int | None = None) -> jax.Array:
+    """``num_samples`` (default ``B``) indices drawn with replacement, ``P(i) = w_i / Σ w``."""
+    if np.ndim(weights) != 1:
+        raise ValueError(f"pf_ppo: weights must be 1-D, got shape {np.shape(weights)}")
+    if is_concrete(weights):
+        w = np.asarray(weights)
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
+            raise ValueError("pf_ppo: resampling weights must be finite, >= 0 and not all 0")
+    w = jnp.asarray(weights, jnp.float32)
+    n = w.shape[0] if num_samples is None else int(num_samples)
+    return jax.random.categorical(key, jnp.log(w), shape=(n,)).astype(jnp.int32)

@@ -1,0 +1,114 @@
+"""Stratified sampling by descending the wide sum tree (``tree.py``).
+
+With the top level's sums ``S`` and total ``T = Σ S``, ``[0, T)`` is cut into ``B`` strata
+``[b_j, b_{j+1})``, ``b_j = j·T/B`` (``b_B = T``); stratum ``j`` draws one point
+``u_j = b_j + U_j·(b_{j+1} - b_j)``, ``U_j ~ U[0, 1)``. At every level the child whose cumulative
+interval ``[c_{s-1}, c_s)`` contains the residual point is chosen and the residual becomes
+``u - c_{s-1}``, down to a leaf: so ``P(leaf i) = p_i / T``.
+
+Precision: the residual is carried as a pair ``hi + lo`` and reduced with an exact two-sum, so it
+keeps the precision of each level's scale rather than the total's (a plain float32 point at ``T``
+scale would misplace mass of ~``T·2^-24``: several percent of an average item at 1M items).
+
+Zero mass is never chosen: a child is the first one with POSITIVE mass whose inclusive prefix exceeds
+the residual (the within-row prefix comes from a matmul and is monotone only up to round-off, so the
+mass test matters in round-off cases only), and the residual is clamped into ``[0, mass of the child)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def _two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``s = fl(a + b)`` and the exact error ``e`` with ``a + b = s + e`` (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _below(x: jax.Array) -> jax.Array:
+    return jnp.where(x > 0, jnp.nextafter(x, jnp.zeros_like(x)), x)
+
+
+def _prefix(rows: jax.Array) -> jax.Array:
+    """Inclusive prefix sums along the last axis, as one matmul with an upper-triangular matrix."""
+    f = rows.shape[-1]
+    tri = jnp.triu(jnp.ones((f, f), rows.dtype))
+    return jnp.matmul(rows, tri, precision=jax.lax.Precision.HIGHEST)
+
+
+def _residual(hi, lo, start, mass):
+    """``(hi + lo) - start`` kept as a pair (exact two-sum), clamped into ``[0, mass)``."""
+    hi, e = _two_sum(hi, -start)
+    lo = lo + e
+    r = hi + lo
+    under, over = r < 0, r >= mass
+    hi = jnp.where(under, 0.0, jnp.where(over, _below(mass), hi))
+    lo = jnp.where(under | over, 0.0, lo)
+    return hi, lo
+
+
+def _choose_rows(rows: jax.Array, hi: jax.Array, lo: jax.Array):
+    """Per row of ``rows`` ``[B, f]``: the first child with positive mass whose inclusive prefix exceeds
+    the residual point ``hi + lo``; with exact arithmetic that is the child whose interval contains it,
+    and it never has zero mass even when round-off makes the prefix non-monotone.
+
+    Returns ``(child [B], new hi, new lo)``, the residual now relative to the child's start.
+    """
+    f = rows.shape[-1]
+    c = _prefix(rows)                                                  # [B, f]
+    t = jnp.arange(f, dtype=jnp.int32)
+    positive = rows > 0
+    point = (hi + lo)[:, None]
+    s = jnp.min(jnp.where(positive & (c > point), t, f), axis=-1)
+    last_positive = jnp.max(jnp.where(positive, t, -1), axis=-1)
+    s = jnp.where(s < f, s, last_positive)                            # point at/after the top edge
+    hit = t == s[:, None]
+    mass = jnp.sum(jnp.where(hit, rows, 0.0), axis=-1)
+    end = jnp.sum(jnp.where(hit, c, 0.0), axis=-1)
+    hi, lo = _residual(hi, lo, end - mass, mass)
+    return s, hi, lo
+
+
+def _top_tables(top_sums: jax.Array):
+    """Shared by the whole batch: the top row's prefix and, per slot, the nearest positive slot at or
+    after it (else the last positive one)."""
+    n = top_sums.shape[0]
+    c = _prefix(top_sums[None, :])[0]
+    t = jnp.arange(n, dtype=jnp.int32)
+    positive = top_sums > 0
+    nxt = jnp.min(jnp.where(positive[None, :] & (t[None, :] >= t[:, None]), t[None, :], n), axis=1)
+    last_positive = jnp.max(jnp.where(positive, t, -1))
+    return c, jnp.where(nxt < n, nxt, last_positive)
+
+
+def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], jax.Array],
+                       depth: int, key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array]:
+    """Draw ``batch_size`` stratified leaves.
+
+    ``top_sums`` ``[n_top]``; ``rows_of(l, nodes)`` the ``[B, fanout_l]`` child sums of the level-``l+1``
+    ``nodes`` (``l = depth-1 .. 0``; ``l = 0`` are leaves). Returns ``(leaf indices [B] int32, T)``;
+    ``T`` is the total the probabilities refer to. When ``T == 0`` the indices are meaningless.
+    """
+    # optimization_barrier: materialise shared tables/points, so XLA does not fuse (and recompute per
+    # gathered element) their producers into later gathers -- that alone costs ~50 us a call on CPU.
+    c_top, next_positive = jax.lax.optimization_barrier(_top_tables(top_sums))
+    total = c_top[-1]
+    j = jnp.arange(batch_size + 1, dtype=jnp.float32)
+    bounds = (j * (total / batch_size)).at[-1].set(total)
+    hi = bounds[:-1]
+    lo = jax.random.uniform(key, (batch_size,), jnp.float32) * (bounds[1:] - bounds[:-1])
+    hi, lo = jax.lax.optimization_barrier((hi, lo))
+    s = jnp.searchsorted(c_top, hi + lo, side="right", method="scan_unrolled")
+    node = next_positive[jnp.minimum(s, top_sums.shape[0] - 1)]
+    mass = top_sums[node]
+    node, hi, lo = jax.lax.optimization_barrier((node, *_residual(hi, lo, c_top[node] - mass, mass)))
+    for l in range(depth - 1, -1, -1):
+        rows = rows_of(l, node)
+        child, hi, lo = _choose_rows(rows, hi, lo)
+        node, hi, lo = jax.lax.optimization_barrier((node * rows.shape[-1] + child, hi, lo))
+    return node, total

@@ -1,0 +1,185 @@
+"""The replay buffer's state: a device-resident pytree, and ``init``.
+
+What is stored
+--------------
+``storage``        dict of arrays, each ``[capacity, ...]`` (one row per trajectory).
+``priorities``     float32 ``[layout.sizes[0]]`` (padded past ``capacity`` with zeros). Slot ``i``
+                   holds the *stored priority* of item ``i``:
+
+                   - ``prioritization="proportional"``: ``p_i = (|δ_i| + ε)^α`` — already raised to α, so
+                     sampling uses it directly: ``P(i) = p_i / Σ_k p_k``.
+                   - ``prioritization="rank"``: the raw ``|δ_i| + ε`` (no exponent); ``P(i)`` is computed at
+                     sample time from ranks: ``P(i) ∝ (1 / rank(i))^α``.
+
+                   A stored value of 0 means "never sample" (empty slots, and items switched off with
+                   :func:`jaxppo.replay.set_priorities`). A *valid* item is a filled slot with a stored
+                   priority > 0.
+``tree``           float32 ``[2, M]``: a wide sum tree over ``priorities`` (``tree.py``): per node the sum
+                   of its leaves and their smallest positive value (``+inf`` if none; the top's minimum is
+                   the least likely valid item, for the PER weights). Nodes are recomputed exactly from
+                   their children whenever a leaf below changes, so the tree cannot drift.
+``max_priority``   float32 scalar: running maximum of every stored priority ever written (starts at 1.0);
+                   new items get it.
+``insert_pos``     int32 scalar: the ring position the next item is written to.
+``size``           int32 scalar: number of filled slots (``min(items added, capacity)``); slots
+                   ``0..size-1`` are filled.
+
+Static (not pytree leaves): ``capacity``, ``alpha``, ``eps``, ``prioritization``, the tree ``layout`` and
+the optional ``mesh``. With a mesh, ``storage`` and ``priorities`` are sharded over the batch axes
+``("data", "fsdp")``; the small ``tree`` and the scalars are replicated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxppo.parallel.mesh import BATCH_AXES, batch_divisor
+from jaxppo.replay.tree import TreeLayout, auto_layout
+
+PRIORITIZATIONS = ("proportional", "rank")
+
+
+@struct.dataclass
+class ReplayState:
+    """Prioritized replay buffer state (see the module docstring for what each field holds)."""
+
+    storage: dict[str, jax.Array]
+    priorities: jax.Array
+    tree: jax.Array
+    max_priority: jax.Array
+    insert_pos: jax.Array
+    size: jax.Array
+    capacity: int = struct.field(pytree_node=False)
+    alpha: float = struct.field(pytree_node=False)
+    eps: float = struct.field(pytree_node=False)
+    prioritization: str = struct.field(pytree_node=False)
+    layout: TreeLayout = struct.field(pytree_node=False)
+    mesh: Mesh | None = struct.field(pytree_node=False, default=None)
+
+
+@struct.dataclass
+class Sample:
+    """One sampled minibatch.
+
+    ``indices`` int32 ``[B]`` buffer slots; ``items`` the stored rows ``[B, ...]``; ``probs`` float32 ``[B]``
+    the exact sampling probability ``P(i)`` of each slot; ``weights`` float32 ``[B]`` the PER importance
+    weights ``w_i = (N·P(i))^(-β) / max_j w_j``.
+    """
+
+    indices: jax.Array
+    items: dict[str, jax.Array]
+    probs: jax.Array
+    weights: jax.Array
+
+
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def is_concrete(*xs: Any) -> bool:
+    """True when none of ``xs`` is being traced (so values can be checked eagerly)."""
+    return not any(_is_tracer(leaf) for x in xs for leaf in jax.tree_util.tree_leaves(x))
+
+
+def replicated_sharding(mesh: Mesh | None) -> NamedSharding | None:
+    return None if mesh is None else NamedSharding(mesh, PartitionSpec())
+
+
+def leading_sharding(mesh: Mesh | None, ndim: int) -> NamedSharding | None:
+    """Shard the leading axis over the mesh's batch axes; ``None`` without a mesh."""
+    if mesh is None:
+        return None
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _check_scalar(name: str, value: Any, *, low: float, strict: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"replay.{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or v < low or (strict and v == low):
+        op = ">" if strict else ">="
+        raise ValueError(f"replay.{name} must be finite and {op} {low}, got {value!r}")
+    return v
+
+
+def init(capacity: int, example_item: Mapping[str, Any], *, alpha: float = 0.6, eps: float = 1e-6,
+         prioritization: str = "proportional", mesh: Mesh | None = None,
+         leaf_fanout: int | None = None) -> ReplayState:
+    """An empty buffer of ``capacity`` items shaped like ``example_item``.
+
+    ``example_item``: dict of arrays (or ``jax.ShapeDtypeStruct``) for ONE item, without a batch axis,
+    e.g. ``{"response_ids": jnp.zeros((R,), jnp.int32), "score": jnp.zeros((), jnp.float32)}``.
+    ``alpha`` (≥ 0) the priority exponent, ``eps`` (≥ 0) added to ``|δ|``, ``prioritization``
+    ``"proportional"`` or ``"rank"``. With ``mesh`` (``jaxppo.parallel.make_mesh``) storage and priorities
+    are sharded over ``("data", "fsdp")``; ``capacity`` must then be a multiple of the number of batch
+    shards. ``leaf_fanout`` (a power of two ≤ 1024) is a speed knob for the tree's leaf rows; the default
+comes from :func:`jaxppo.replay.tree.auto_layout`.
+    """
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise ValueError(f"replay capacity must be a positive integer, got {capacity!r}")
+    capacity = int(capacity)
+    if capacity >= 2 ** 31 - 1:
+        raise ValueError(f"replay capacity {capacity} does not fit int32 indices")
+    alpha = _check_scalar("alpha", alpha, low=0.0)
+    eps = _check_scalar("eps", eps, low=0.0)
+    if prioritization not in PRIORITIZATIONS:
+        raise ValueError(f"replay prioritization must be one of {PRIORITIZATIONS}, got {prioritization!r}")
+    if not isinstance(example_item, Mapping) or not example_item:
+        raise ValueError("replay example_item must be a non-empty dict of arrays (one item, no batch axis), "
+                         f"got {type(example_item).__name__}")
+    if leaf_fanout is not None and (isinstance(leaf_fanout, bool) or not isinstance(leaf_fanout, (int, np.integer))
+                                    or not 1 <= leaf_fanout <= 1024 or leaf_fanout & (leaf_fanout - 1)):
+        raise ValueError(f"replay leaf_fanout must be a power of two in [1, 1024], got {leaf_fanout!r}")
+
+    shards = 1 if mesh is None else batch_divisor(mesh)
+    if capacity % shards:
+        raise ValueError(f"replay capacity={capacity} must be a multiple of the mesh's batch shards "
+                         f"(data x fsdp = {shards}) to shard the storage")
+    layout = auto_layout(capacity, shards, None if leaf_fanout is None else int(leaf_fanout))
+
+    storage = {}
+    for key, leaf in example_item.items():
+        if not isinstance(key, str):
+            raise ValueError(f"replay example_item keys must be strings, got {key!r}")
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            leaf = np.asarray(leaf)
+        shape, dtype = tuple(leaf.shape), jnp.dtype(leaf.dtype)
+        storage[key] = jax.device_put(jnp.zeros((capacity, *shape), dtype),
+                                      leading_sharding(mesh, 1 + len(shape)))
+    priorities = jax.device_put(jnp.zeros((layout.sizes[0],), jnp.float32), leading_sharding(mesh, 1))
+    rep = replicated_sharding(mesh)
+    tree = jnp.stack([jnp.zeros((layout.num_nodes,), jnp.float32), jnp.full((layout.num_nodes,), jnp.inf)])
+    return ReplayState(
+        storage=storage,
+        priorities=priorities,
+        tree=jax.device_put(tree, rep),
+        max_priority=jax.device_put(jnp.ones((), jnp.float32), rep),
+        insert_pos=jax.device_put(jnp.zeros((), jnp.int32), rep),
+        size=jax.device_put(jnp.zeros((), jnp.int32), rep),
+        capacity=capacity, alpha=alpha, eps=eps, prioritization=prioritization,
+        layout=layout, mesh=mesh,
+    )
+
+
+def stored_priority(state: ReplayState, td_abs: jax.Array) -> jax.Array:
+    """Stored value for ``|δ|``: ``(|δ| + ε)^α`` (proportional) or ``|δ| + ε`` (rank).
+
+    Non-finite ``|δ|`` (NaN/inf; only reachable under ``jit``, eager calls raise) is stored as the running
+    maximum, so such an item is revisited rather than poisoning the sums.
+    """
+    td = jnp.abs(jnp.asarray(td_abs, jnp.float32))
+    raw = td + jnp.float32(state.eps)
+    p = raw ** jnp.float32(state.alpha) if state.prioritization == "proportional" else raw
+    return jnp.where(jnp.isfinite(p), p, state.max_priority)
