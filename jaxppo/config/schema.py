@@ -161,6 +161,7 @@ class DataConfig:
     buckets: int = field(1, ge=1)  # static length buckets per axis (1 = one fixed shape)
     bucket_multiple: int = field(8, ge=1)  # bucket lengths are multiples of this
     behaviour_batch_size: int = field(32, ge=1)  # batch size of the behaviour log-prob pass
+    collect_if_missing: bool = False  # train: run jaxppo.collect into data.path's folder when the file is missing
 
 
 @dataclass(frozen=True)
