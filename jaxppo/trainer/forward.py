@@ -1,0 +1,53 @@
+"""Policy log-probs, entropies and values of response tokens, from parameters (functional models).
+
+Layout (docs/interfaces): ``ids = concat(prompt_ids [B,P], response_ids [B,R])``; response token ``t``
+is predicted by position ``P+t-1``, so logits and values are read at ``[:, P-1 : P+R-1]``.
+With ``share_trunk`` the value head reads the actor's hidden states at those positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxppo import ops
+
+
+def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, items: Mapping[str, jax.Array], *,
+                           share_trunk: bool) -> tuple[jax.Array, jax.Array]:
+    """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``items``."""
+    actor = nnx.merge(actor_gd, actor_params)
+    p = items["prompt_ids"].shape[1]
+    r = items["response_ids"].shape[1]
+    ids = jnp.concatenate([items["prompt_ids"], items["response_ids"]], axis=1).astype(jnp.int32)
+    mask = jnp.concatenate([items["prompt_mask"], items["response_mask"]], axis=1).astype(jnp.int32)
+    h = actor.hidden_states(ids, mask)
+    h_r = h[:, p - 1:p + r - 1]
+    logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
+    if share_trunk:
+        values = nnx.merge(critic_gd, critic_params)(h_r)
+    else:
+        values = nnx.merge(critic_gd, critic_params)(ids, mask)[:, p - 1:p + r - 1]
+    return logits, values.astype(jnp.float32)
+
+
+def logp_entropy(logits: jax.Array, response_ids: jax.Array, response_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(log π(y_t), H_t)`` [B,R], both 0 outside ``response_mask``."""
+    m = response_mask.astype(jnp.float32)
+    logp = ops.logprobs_from_logits(logits, response_ids.astype(jnp.int32)) * m
+    ent = ops.entropy_from_logits(logits) * m
+    return logp, ent
+
+
+def policy_logp(actor_gd, actor_params, items: Mapping[str, Any]) -> jax.Array:
+    """Response-token log-probs [B,R] of the policy given by ``actor_params`` (0 outside the mask)."""
+    actor = nnx.merge(actor_gd, actor_params)
+    p = items["prompt_ids"].shape[1]
+    r = items["response_ids"].shape[1]
+    ids = jnp.concatenate([items["prompt_ids"], items["response_ids"]], axis=1).astype(jnp.int32)
+    mask = jnp.concatenate([items["prompt_mask"], items["response_mask"]], axis=1).astype(jnp.int32)
+    logits = actor.logits_from_hidden(actor.hidden_states(ids, mask)[:, p - 1:p + r - 1]).astype(jnp.float32)
+    return logp_entropy(logits, items["response_ids"], items["response_mask"])[0]

@@ -1,0 +1,214 @@
+"""Building a run from a config: mesh, models, data, replay buffer, optimizers and the jitted functions.
+
+``build_run(cfg)`` returns a :class:`Run` whose ``state`` is the initial ``TrainState`` (placed on the
+mesh) and whose ``prepare`` / ``step`` are the jitted prepare and update functions. The loop
+(``jaxppo.trainer.loop``) drives it; tests use it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxppo import replay as replay_lib
+from jaxppo.config import ConfigError
+from jaxppo.trainer.prepare import make_prepare_fn, pf_filter_weights
+from jaxppo.trainer.state import (DATA_KEYS, PREPARED_KEYS, TrainState, make_critic, make_optimizer,
+                                  replicate_leaves, shardings_of, split_params)
+from jaxppo.trainer.steps import make_train_step
+
+logger = logging.getLogger("jaxppo.trainer")
+
+
+@dataclasses.dataclass
+class Run:
+    cfg: Any
+    mesh: Any
+    rules: dict
+    tokenizer: Any
+    model_path: str
+    actor_gd: Any
+    critic_gd: Any
+    ref_params: Any              # frozen initial policy (reference), for evaluation
+    state: TrainState
+    prepare: Any                 # jitted state -> state
+    step: Any                    # jitted state -> (state, metrics)
+    train: dict[str, np.ndarray]  # training rows (+ ref_logp, filter_w)
+    heldout: dict[str, np.ndarray]
+    n_use: int                   # dataset rows in the buffer window
+    capacity: int                # buffer slots (n_use rounded up)
+    data_report: Any = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.cfg.actor.ppo_mini_batch_size * (self.train["prompt_ids"].shape[1]
+                                                         + self.train["response_ids"].shape[1]))
+
+    def policy(self, params=None) -> nnx.Module:
+        return nnx.merge(self.actor_gd, self.state.actor if params is None else params)
+
+    def reference(self) -> nnx.Module:
+        return nnx.merge(self.actor_gd, self.ref_params)
+
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def check_config(cfg: Any, n_devices: int) -> None:
+    """Cross-section checks that need the device count; ConfigError naming the key."""
+    m = cfg.mesh
+    n = m.data * m.fsdp * m.tensor
+    if n != n_devices:
+        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
+                          f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
+    shards = m.data * m.fsdp
+    a = cfg.actor
+    mb = a.ppo_micro_batch_size or a.ppo_mini_batch_size
+    if mb % shards:
+        raise ConfigError(f"actor.ppo_micro_batch_size (or ppo_mini_batch_size)={mb} must be a multiple of the "
+                          f"mesh batch shards mesh.data x mesh.fsdp = {shards}")
+    if cfg.pf_ppo.enabled and cfg.pf_ppo.filter == "none" and cfg.pf_ppo.reweight_method == "none":
+        raise ConfigError("pf_ppo.enabled=true needs pf_ppo.filter or pf_ppo.reweight_method other than 'none'")
+    if cfg.importance.lower is not None and cfg.importance.mode != "mask":
+        raise ConfigError("importance.lower is only used with importance.mode=mask")
+
+
+def ensure_data(cfg: Any) -> None:
+    """With ``data.collect_if_missing`` and no file at ``data.path``: run ``jaxppo.collect`` to make it."""
+    dc = cfg.data
+    if dc.path is None:
+        raise ConfigError("data.path is not set: give a scored dataset file (or set data.collect_if_missing=true "
+                          "with a data.path to create)")
+    p = Path(dc.path)
+    if p.exists() or not dc.collect_if_missing:
+        return
+    from jaxppo.collect import collect
+
+    fmt = {".parquet": "parquet", ".jsonl": "jsonl"}.get(p.suffix)
+    if fmt is None or p.name not in ("data.parquet", "data.jsonl"):
+        raise ConfigError(f"data.collect_if_missing: data.path must end in data.parquet or data.jsonl, got {p}")
+    logger.info("data.path %s is missing: collecting it with jaxppo.collect", p)
+    ccfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=str(p.parent)),
+                               rollout=dataclasses.replace(cfg.rollout, output_format=fmt))
+    collect(ccfg, progress=cfg.trainer.progress)
+
+
+def _round_up(x: int, m: int) -> int:
+    return int(math.ceil(x / m) * m)
+
+
+def window_rows(n_rows: int, n_use: int, capacity: int, cursor: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dataset rows of the buffer slots for a window starting at ``cursor`` and the slot-valid mask."""
+    j = np.arange(capacity)
+    rows = (cursor + np.minimum(j, n_use - 1)) % n_rows
+    return rows.astype(np.int64), j < n_use
+
+
+def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarray) -> dict[str, np.ndarray]:
+    items = {k: np.asarray(train[k])[rows] for k in DATA_KEYS + ("ref_logp", "filter_w")}
+    items["filter_w"] = np.where(valid, items["filter_w"], 0.0).astype(np.float32)
+    return items
+
+
+def build_run(cfg: Any, *, devices=None) -> Run:
+    """Everything a run needs, from ``cfg`` (models loaded, data tokenized, buffer filled, jits built)."""
+    from jaxppo.cli_util import resolve_model_path, tokenizer_path
+    from jaxppo.data import compute_behaviour_logprobs, load_scored_arrays, split_by_group
+    from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.models import shard_model
+    from jaxppo.parallel import batch_divisor, make_mesh, merged_rules
+
+    devices = list(jax.devices() if devices is None else devices)
+    check_config(cfg, len(devices))
+    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
+    try:
+        rules = merged_rules(cfg.mesh.rules)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    ensure_data(cfg)
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+    actor_model = load_pretrained(model_path, dtype=_DTYPES[cfg.model.param_dtype],
+                                  compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh, rules=rules,
+                                  remat=cfg.model.remat)
+    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=model_path, reference=actor_model)
+    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
+    if len(train_rows) == 0:
+        raise ConfigError("data: no training rows left after the held-out split; lower data.eval_fraction")
+    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
+    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
+    if not np.isfinite(train["score"]).all():
+        raise ValueError("data: non-finite scores in the training rows")
+    train["row"] = np.arange(len(train_rows), dtype=np.int32)
+    train["ref_logp"] = compute_behaviour_logprobs(actor_model, train, batch_size=cfg.data.behaviour_batch_size)
+    train["filter_w"] = pf_filter_weights(cfg, train["score"], train["group_id"], cfg.trainer.seed)
+
+    shards = batch_divisor(mesh)
+    a = cfg.actor
+    chunk = a.ppo_micro_batch_size or a.ppo_mini_batch_size
+    n_rows = len(train_rows)
+    n_use = min(n_rows, cfg.replay.capacity)
+    capacity = _round_up(n_use, math.lcm(chunk, shards))
+    rows, valid = window_rows(n_rows, n_use, capacity, 0)
+    items = window_items(train, rows, valid)
+    p_len, r_len = train["prompt_ids"].shape[1], train["response_ids"].shape[1]
+    example = {k: jnp.zeros(v.shape[1:], v.dtype) for k, v in items.items()}
+    for k in PREPARED_KEYS:
+        example.setdefault(k, jnp.zeros((r_len,), jnp.float32))
+    rs = replay_lib.init(capacity, example, alpha=cfg.replay.alpha, eps=cfg.replay.eps,
+                         prioritization=cfg.replay.prioritization, mesh=mesh)
+    full = {k: items.get(k, np.zeros((capacity, r_len), np.float32)) for k in example}
+    rs = replay_lib.add(rs, full)
+
+    critic_model = make_critic(actor_model, share_trunk=cfg.critic.share_trunk, seed=cfg.trainer.seed)
+    if cfg.critic.model_path and not cfg.critic.share_trunk:
+        from jaxppo.models import ValueModel
+
+        critic_lm = load_pretrained(resolve_model_path(cfg.critic.model_path), dtype=_DTYPES[cfg.model.param_dtype],
+                                    compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh, rules=rules)
+        critic_model = ValueModel.from_lm(critic_lm, rngs=nnx.Rngs(cfg.trainer.seed))
+    shard_model(critic_model, mesh, rules)
+    actor_gd, actor_params = split_params(actor_model)
+    critic_gd, critic_params = split_params(critic_model)
+    ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), actor_params)
+
+    total = cfg.trainer.total_steps
+    actor_tx = make_optimizer(a.optim, total)
+    critic_tx = make_optimizer(cfg.critic.optim, total)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32), actor=actor_params, actor_opt=jax.jit(actor_tx.init)(actor_params),
+        critic=critic_params, critic_opt=jax.jit(critic_tx.init)(critic_params), replay=rs,
+        rng=jax.random.PRNGKey(cfg.trainer.seed), kl_coef=jnp.float32(cfg.algorithm.kl_ctrl.kl_coef),
+        lr_scale=jnp.ones((), jnp.float32), nan_total=jnp.zeros((), jnp.int32),
+        nan_streak=jnp.zeros((), jnp.int32), data_cursor=jnp.zeros((), jnp.int32))
+    state = replicate_leaves(state, mesh)
+    shardings = shardings_of(state)
+    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings)
+    step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh)
+    del p_len
+    return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
+               critic_gd=critic_gd, ref_params=ref_params, state=state, prepare=prepare, step=step, train=train,
+               heldout=heldout, n_use=n_use, capacity=capacity, data_report=report)
+
+
+def load_window(run: Run, state: TrainState, refresh_index: int) -> TrainState:
+    """For datasets larger than the buffer: the data rows of window ``refresh_index`` (no-op otherwise)."""
+    n_rows = run.train["prompt_ids"].shape[0]
+    if run.n_use >= n_rows:
+        return state
+    cursor = (refresh_index * run.n_use) % n_rows
+    rows, valid = window_rows(n_rows, run.n_use, run.capacity, cursor)
+    items = window_items(run.train, rows, valid)
+    st = dict(state.replay.storage)
+    for k, v in items.items():
+        st[k] = jax.device_put(v.astype(st[k].dtype), st[k].sharding)
+    return state.replace(replay=state.replay.replace(storage=st),
+                         data_cursor=jax.device_put(jnp.int32(cursor), state.data_cursor.sharding))

@@ -1,0 +1,110 @@
+"""The train-state pytree and its construction.
+
+``TrainState`` holds everything a step changes and a resume needs (DESIGN.md §2): actor and critic
+parameters (``nnx.State``; models are rebuilt inside jitted code with ``nnx.merge``) with their
+optax states, the replay buffer (storage with the prepared arrays, priorities), the RNG key, the
+in-reward KL coefficient (fixed/adaptive controller state), the LR scale set by the guards, the
+step/NaN counters and the data cursor. ``share_trunk=True``: ``critic`` holds only a value head that
+reads the actor's hidden states.
+
+Optimizers: ``clip_by_global_norm(grad_clip) -> adamw(schedule)``; the schedule is a linear warmup
+from 0 to ``lr`` over ``warmup_steps`` then ``constant`` / ``cosine`` / ``linear`` decay to
+``min_lr_ratio·lr`` at ``total_steps``. The guards' LR cut multiplies the update by ``lr_scale``
+(exactly a learning-rate change for adamw, whose update is ``-lr·(adam + wd·θ)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from jaxppo.models import ScalarHead, ValueModel
+
+PREPARED_KEYS = ("ref_logp", "prox_logp", "values", "token_rewards", "advantages", "returns", "filter_w")
+DATA_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behaviour_logprobs", "score",
+             "group_id", "row")
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array            # int32: number of update steps done
+    actor: Any                 # nnx.State of the CausalLM
+    actor_opt: Any
+    critic: Any                # nnx.State of a ValueModel, or of a ScalarHead when share_trunk
+    critic_opt: Any
+    replay: Any                # jaxppo.replay.ReplayState (storage = data + prepared arrays)
+    rng: jax.Array             # base key; step keys are fold_in(rng, step)
+    kl_coef: jax.Array         # in-reward KL coefficient β (KL-controller state)
+    lr_scale: jax.Array        # guard LR multiplier (1 = as configured)
+    nan_total: jax.Array       # int32: updates skipped for a non-finite loss/gradient
+    nan_streak: jax.Array      # int32: consecutive skipped updates
+    data_cursor: jax.Array     # int32: first dataset row of the current buffer window
+
+
+def lr_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
+    """Warmup (linear 0→lr) then constant/cosine/linear decay to ``min_lr_ratio·lr`` at ``total_steps``."""
+    lr, warm = float(optim_cfg.lr), int(optim_cfg.warmup_steps)
+    end = lr * float(optim_cfg.min_lr_ratio)
+    decay_steps = max(int(total_steps) - warm, 1)
+    if optim_cfg.schedule == "constant":
+        main = optax.constant_schedule(lr)
+    elif optim_cfg.schedule == "cosine":
+        main = optax.cosine_decay_schedule(lr, decay_steps, alpha=optim_cfg.min_lr_ratio)
+    else:
+        main = optax.linear_schedule(lr, end, decay_steps)
+    if warm == 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
+
+
+def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
+    b1, b2 = optim_cfg.betas
+    return optax.chain(optax.clip_by_global_norm(float(optim_cfg.grad_clip)),
+                       optax.adamw(lr_schedule(optim_cfg, total_steps), b1=float(b1), b2=float(b2),
+                                   eps=float(optim_cfg.eps), weight_decay=float(optim_cfg.weight_decay)))
+
+
+def make_critic(actor_model, *, share_trunk: bool, seed: int):
+    """A ValueModel with a copy of the actor trunk, or (share_trunk) a bare value head."""
+    rngs = nnx.Rngs(seed)
+    if share_trunk:
+        return ScalarHead(actor_model.config.hidden_size, rngs=rngs, std=actor_model.config.initializer_range,
+                          dtype=actor_model.config.param_dtype)
+    return ValueModel.from_lm(actor_model, rngs=rngs)
+
+
+def split_params(model) -> tuple[Any, Any]:
+    """``(graphdef, params)``; every variable of our models is an ``nnx.Param``."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    if jax.tree.leaves(rest):
+        raise ValueError(f"{type(model).__name__} has non-parameter state {list(rest.keys())}; the trainer "
+                         "expects parameters only")
+    return graphdef, params
+
+
+def replicate_leaves(tree, mesh):
+    """Put every array leaf that is not already on ``mesh`` there, replicated."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    rep = NamedSharding(mesh, PartitionSpec())
+
+    def put(x):
+        if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh:
+            return x
+        return jax.device_put(x, rep)
+    return jax.tree.map(put, tree)
+
+
+def shardings_of(state: TrainState):
+    """The ``NamedSharding`` of every leaf (for jit ``in_shardings`` / ``out_shardings``)."""
+    return jax.tree.map(lambda x: x.sharding, state)
+
+
+def param_finite(state: TrainState) -> bool:
+    """True when every actor/critic parameter is finite (checked before a checkpoint is written)."""
+    leaves = jax.tree.leaves((state.actor, state.critic))
+    return bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
