@@ -1,0 +1,151 @@
+"""Held-out evaluation: reward/KL of fresh generations, perplexity, bootstrap interval of the gain.
+
+* ``bootstrap_ci(before, after)`` — paired per-prompt bootstrap of the mean gain
+  ``d̄ = mean_i(after_i − before_i)``: draw ``n_boot`` resamples of the prompt indices with
+  replacement, take ``d̄*`` of each, return the ``(1−level)/2`` and ``(1+level)/2`` quantiles of the
+  ``d̄*`` (percentile interval, ``numpy.quantile`` with linear interpolation).
+* ``heldout_perplexity(model, arrays)`` — ``exp(−Σ_{b,t} m_bt · log π(y_bt | x_b, y_b,<t) / Σ m_bt)``
+  over the response tokens (mask ``m`` = ``response_mask``) given the prompts, sequence layout of
+  ``jaxppo.data.behaviour`` (jitted, batched, one compiled shape).
+* ``evaluate_policy(...)`` — sample one response per prompt with ``jaxppo.models.generate``, score
+  it with ``reward_fn(prompts, responses)``, and measure the KL of the policy to the reference on
+  those responses with the k1 estimate ``Σ m_bt (log π − log π_ref) / Σ m_bt`` (log-probs at
+  temperature 1, not the sampling distribution).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxppo.data.behaviour import compute_behaviour_logprobs, response_logprobs
+
+_BOOT_CHUNK = 256  # resamples drawn at a time (bounded memory; the result does not depend on it)
+
+
+def bootstrap_ci(before: Sequence[float] | np.ndarray, after: Sequence[float] | np.ndarray, *, n_boot: int = 2000,
+                 seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``mean(after − before)`` over paired prompts (see module doc)."""
+    b = np.asarray(before, dtype=np.float64)
+    a = np.asarray(after, dtype=np.float64)
+    if b.ndim != 1 or a.ndim != 1:
+        raise ValueError(f"bootstrap_ci: before/after must be 1-D per-prompt arrays, got shapes {b.shape}, {a.shape}")
+    if b.shape != a.shape:
+        raise ValueError(f"bootstrap_ci: before and after must be paired (same length), got {b.size} and {a.size}")
+    if b.size == 0:
+        raise ValueError("bootstrap_ci: no prompts (empty before/after)")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("bootstrap_ci: before/after contain NaN or inf rewards")
+    if not (isinstance(n_boot, int) and n_boot >= 1):
+        raise ValueError(f"bootstrap_ci: n_boot must be a positive int, got {n_boot!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"bootstrap_ci: level must be in (0, 1), got {level}")
+    d = a - b
+    n = d.size
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot, np.float64)
+    for start in range(0, n_boot, _BOOT_CHUNK):
+        m = min(_BOOT_CHUNK, n_boot - start)
+        idx = rng.integers(0, n, size=(m, n))
+        means[start:start + m] = d[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
+def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batch_size: int = 32) -> float:
+    """Perplexity of the response tokens of ``arrays`` (prompt_ids/prompt_mask/response_ids/response_mask)."""
+    for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"):
+        if k not in arrays:
+            raise KeyError(f"heldout_perplexity: arrays has no {k!r} (have {sorted(arrays)})")
+    if batch_size < 1:
+        raise ValueError(f"heldout_perplexity: batch_size must be >= 1, got {batch_size}")
+    mask = np.asarray(arrays["response_mask"], np.float64)
+    ntok = mask.sum()
+    if ntok <= 0:
+        raise ValueError("heldout_perplexity: no response tokens (response_mask is all zero)")
+    lp = compute_behaviour_logprobs(model, arrays, batch_size=batch_size).astype(np.float64)
+    return float(np.exp(-(lp * mask).sum() / ntok))
+
+
+def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    return x if x.shape[0] == rows else np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], axis=0)])
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids, response_mask):
+    return response_logprobs(nnx.merge(graphdef, state), prompt_ids, prompt_mask, response_ids, response_mask)
+
+
+@jax.jit
+def _kl_sums(pol_lp, ref_lp, mask):
+    m = mask.astype(jnp.float32)
+    return jnp.sum((pol_lp - ref_lp) * m, axis=1), jnp.sum(m, axis=1)
+
+
+def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, prompt_ids: np.ndarray,
+                    prompt_mask: np.ndarray, reward_fn: Callable[[list[str], list[str]], np.ndarray],
+                    key: jax.Array, *, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
+                    top_p: float = 1.0, eos_token_id: int | Sequence[int] | None = None, pad_token_id: int = 0,
+                    batch_size: int = 32) -> dict[str, Any]:
+    """Generate, score and measure KL on held-out prompts (left-padded ``prompt_ids`` [N, P]).
+
+    Batch ``j`` samples with ``jax.random.fold_in(key, j)``; the last batch is padded with copies of
+    its first row (one compiled shape) and cut. Returns ``rewards`` (np.float32 [N]), ``kl`` (float,
+    k1 over all generated tokens), ``response_length`` (mean generated tokens, EOS included),
+    ``responses`` (decoded with ``skip_special_tokens=True``), ``prompts`` (decoded prompts) and the
+    generated ``response_ids``/``response_mask`` (np.int32 [N, max_new_tokens]).
+    """
+    from jaxppo.models import generate  # the decode loop (KV cache, jitted)
+
+    prompt_ids = np.asarray(prompt_ids)
+    prompt_mask = np.asarray(prompt_mask)
+    if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
+        raise ValueError(f"evaluate_policy: prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} "
+                         "must be the same [N, P] shape")
+    n = prompt_ids.shape[0]
+    if n == 0:
+        raise ValueError("evaluate_policy: no prompts")
+    if batch_size < 1:
+        raise ValueError(f"evaluate_policy: batch_size must be >= 1, got {batch_size}")
+    bs = min(batch_size, n)
+    pol_gd, pol_state = nnx.split(model)
+    ref_gd, ref_state = nnx.split(ref_model)
+    tokens, masks, kl_num, kl_den = [], [], [], []
+    for j, start in enumerate(range(0, n, bs)):
+        p_ids = _pad_rows(prompt_ids[start:start + bs], bs).astype(np.int32)
+        p_mask = _pad_rows(prompt_mask[start:start + bs], bs).astype(np.int32)
+        m = min(bs, n - start)
+        out = generate(model, jnp.asarray(p_ids), jnp.asarray(p_mask), jax.random.fold_in(key, j),
+                       max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        r_ids, r_mask = out.tokens, out.mask
+        pol_lp = _logprobs(pol_gd, pol_state, p_ids, p_mask, r_ids, r_mask)
+        ref_lp = _logprobs(ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
+        num, den = _kl_sums(pol_lp, ref_lp, r_mask)
+        tokens.append(np.asarray(r_ids)[:m])
+        masks.append(np.asarray(r_mask)[:m])
+        kl_num.append(np.asarray(num, np.float64)[:m])
+        kl_den.append(np.asarray(den, np.float64)[:m])
+    tokens_np = np.concatenate(tokens)
+    masks_np = np.concatenate(masks)
+    lengths = masks_np.sum(axis=1)
+    responses = [tokenizer.decode(t[:int(k)].tolist(), skip_special_tokens=True) for t, k in zip(tokens_np, lengths)]
+    prompts = [tokenizer.decode(ids[msk.astype(bool)].tolist(), skip_special_tokens=True)
+               for ids, msk in zip(prompt_ids, prompt_mask)]
+    rewards = np.asarray(reward_fn(prompts, responses), dtype=np.float32)
+    if rewards.shape != (n,):
+        raise ValueError(f"evaluate_policy: reward_fn returned shape {rewards.shape}, expected ({n},)")
+    if not np.isfinite(rewards).all():
+        raise ValueError(f"evaluate_policy: reward_fn returned {int((~np.isfinite(rewards)).sum())} NaN/inf rewards")
+    den_total = float(np.concatenate(kl_den).sum())
+    kl = float(np.concatenate(kl_num).sum() / den_total) if den_total > 0 else 0.0
+    return {"rewards": rewards, "kl": kl, "response_length": float(lengths.mean()), "responses": responses,
+            "prompts": prompts, "response_ids": tokens_np, "response_mask": masks_np}
+
+
+__all__ = ["bootstrap_ci", "evaluate_policy", "heldout_perplexity"]
