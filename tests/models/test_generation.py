@@ -1,0 +1,238 @@
+"""jaxppo.models.generate: KV cache vs full recompute, sampling distribution, top-k/top-p, EOS, compilation."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxppo.models import generate, sample_from_logits
+from jaxppo.models.generation import TRACE_COUNT
+from tests.models.tiny_lm import FAMILIES, left_padded_prompts, tiny_lm
+
+N_NEW = 6
+
+
+def _forward_fn(model):
+    return jax.jit(lambda ids, mask: model(ids, mask))
+
+
+def greedy_no_cache(model, ids, mask, n):
+    """Reference: greedy decoding by a full forward over [prompt, response-so-far] at every step.
+
+    Layout as in interfaces.md: left-padded prompt, right-padded response; token i comes from the
+    logits at position P+i-1. Returns (tokens [B,n], model log-probs of those tokens [B,n]).
+    """
+    b, p = ids.shape
+    fwd = _forward_fn(model)
+    buf = np.concatenate([ids, np.zeros((b, n), np.int32)], axis=1)
+    toks, lps = np.zeros((b, n), np.int32), np.zeros((b, n), np.float32)
+    for i in range(n):
+        m = np.concatenate([mask, np.broadcast_to((np.arange(n) < i).astype(np.int32), (b, n))], axis=1)
+        logits = np.asarray(fwd(jnp.asarray(buf), jnp.asarray(m)))[:, p + i - 1]
+        toks[:, i] = logits.argmax(-1)
+        lps[:, i] = np.asarray(jax.nn.log_softmax(logits))[np.arange(b), toks[:, i]]
+        buf[:, p + i] = toks[:, i]
+    return toks, lps
+
+
+def teacher_forced_logits(model, ids, mask, tokens, gen_mask):
+    """Logits [B, N, V] that predicted each response token, from one full forward."""
+    p, n = ids.shape[1], tokens.shape[1]
+    full = np.concatenate([ids, tokens], axis=1)
+    m = np.concatenate([mask, gen_mask], axis=1)
+    return np.asarray(model(jnp.asarray(full), jnp.asarray(m)), np.float64)[:, p - 1:p + n - 1]
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def allowed_set_np(z, top_k, top_p):
+    """Independent numpy reference of the kept candidates (bool [V]) for one row of scaled logits z."""
+    v = z.shape[-1]
+    order = sorted(range(v), key=lambda j: (-z[j], j))
+    if top_k:
+        order = order[:top_k]
+    probs = np.exp(z[order] - z[order].max())
+    probs /= probs.sum()
+    keep = np.zeros(v, bool)
+    mass = 0.0
+    for j, pr in zip(order, probs):
+        if mass < top_p or j == order[0]:
+            keep[j] = True
+        mass += pr
+    return keep
+
+
+# ----------------------------------------------------------------------------- cache vs no cache
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_with_cache_equals_full_recompute(family):
+    model = tiny_lm(family, seed=1)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(7, 4, 1), width=7, seed=2)
+    out = generate(model, ids, mask, jax.random.key(0), max_new_tokens=N_NEW, temperature=0.0)
+    ref_toks, ref_lps = greedy_no_cache(model, ids, mask, N_NEW)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref_toks)
+    np.testing.assert_allclose(np.asarray(out.logprobs), ref_lps, atol=1e-4)
+    np.testing.assert_array_equal(np.asarray(out.mask), np.ones_like(ref_toks))
+    assert out.tokens.dtype == jnp.int32 and out.mask.dtype == jnp.int32 and out.logprobs.dtype == jnp.float32
+    # the rows do not all decode the same thing (the test exercises the per-row positions/padding)
+    assert len({tuple(r) for r in ref_toks.tolist()}) > 1
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_teacher_forced_log_softmax(temperature):
+    model = tiny_lm("qwen2", seed=3)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(5, 3, 2, 5), width=5, seed=4)
+    out = generate(model, ids, mask, jax.random.key(7), max_new_tokens=N_NEW, temperature=temperature)
+    toks, lps = np.asarray(out.tokens), np.asarray(out.logprobs)
+    logits = teacher_forced_logits(model, ids, mask, toks, np.asarray(out.mask))
+    expected = np.take_along_axis(_log_softmax(logits / temperature), toks[..., None], -1)[..., 0]
+    np.testing.assert_allclose(lps, expected, atol=2e-4)
+    assert len(np.unique(toks)) > 3  # it really sampled
+
+
+@pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.6), (4, 0.5)])
+def test_top_k_top_p_sample_only_allowed_tokens(top_k, top_p):
+    model = tiny_lm("llama", seed=5)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(6, 2, 4, 6, 1, 3), width=6, seed=6)
+    t = 1.3
+    out = generate(model, ids, mask, jax.random.key(11), max_new_tokens=N_NEW, temperature=t, top_k=top_k,
+                   top_p=top_p)
+    toks, lps = np.asarray(out.tokens), np.asarray(out.logprobs)
+    z = teacher_forced_logits(model, ids, mask, toks, np.asarray(out.mask)) / t
+    n_allowed = []
+    for b in range(toks.shape[0]):
+        for i in range(toks.shape[1]):
+            keep = allowed_set_np(z[b, i], top_k, top_p)
+            n_allowed.append(keep.sum())
+            assert keep[toks[b, i]], (b, i, toks[b, i])
+            zk = np.where(keep, z[b, i], -np.inf)
+            np.testing.assert_allclose(lps[b, i], _log_softmax(zk)[toks[b, i]], atol=2e-4)
+    assert max(n_allowed) > 1  # filtering left a real choice somewhere
+
+
+# ----------------------------------------------------------------------------- sampler unit tests
+
+def _sample(logits, key, temperature, top_p, top_k, use_top_p):
+    return sample_from_logits(logits, key, greedy=False, temperature=temperature, top_k=top_k, use_top_p=use_top_p,
+                              top_p=top_p)
+
+
+class SamplerTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=12)
+    @given(seed=st.integers(0, 2 ** 31 - 1), top_k=st.integers(0, 7), top_p=st.floats(0.05, 1.0),
+           temperature=st.floats(0.3, 3.0))
+    def test_allowed_set_and_logprob(self, seed, top_k, top_p, temperature):
+        rng = np.random.default_rng(seed)
+        logits = (rng.normal(size=(3, 9)) * 3).astype(np.float32)
+        fn = self.variant(_sample, static_argnames=("top_k", "use_top_p"))
+        tok, lp = fn(jnp.asarray(logits), jax.random.key(seed), jnp.float32(temperature), jnp.float32(top_p),
+                     top_k=top_k, use_top_p=top_p < 1.0)
+        tok, lp = np.asarray(tok), np.asarray(lp)
+        z = logits.astype(np.float64) / np.float32(temperature)
+        for b in range(3):
+            keep = allowed_set_np(z[b], top_k, top_p)
+            assert keep[tok[b]]
+            np.testing.assert_allclose(lp[b], _log_softmax(np.where(keep, z[b], -np.inf))[tok[b]], atol=1e-4)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_greedy_is_argmax_with_model_logprob(self):
+        logits = jnp.array([[0.0, 2.0, 1.0], [5.0, -1.0, 4.0]])
+        fn = self.variant(lambda lg: sample_from_logits(lg, jax.random.key(0), greedy=True, temperature=1.0,
+                                                        top_k=0, use_top_p=False, top_p=1.0))
+        tok, lp = fn(logits)
+        np.testing.assert_array_equal(np.asarray(tok), [1, 0])
+        # hand-computed: log(e^2 / (1 + e^2 + e)) and log(e^5 / (e^5 + e^-1 + e^4))
+        np.testing.assert_allclose(np.asarray(lp), [2 - np.log(1 + np.e ** 2 + np.e),
+                                                    5 - np.log(np.e ** 5 + np.e ** -1 + np.e ** 4)], rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_empirical_frequencies_match_filtered_distribution(self):
+        logits = np.array([2.0, 1.5, 1.0, 0.2, -0.5, -3.0], np.float32)
+        t, k, p = 0.8, 4, 0.8
+        n = 6000
+        fn = self.variant(lambda lg, key: sample_from_logits(lg, key, greedy=False, temperature=t, top_k=k,
+                                                             use_top_p=True, top_p=p))
+        tok, _ = fn(jnp.tile(jnp.asarray(logits), (n, 1)), jax.random.key(3))
+        freq = np.bincount(np.asarray(tok), minlength=6) / n
+        # by hand: z = logits/0.8; top-4 = tokens 0..3; their softmax mass before token 2 is
+        # p0 + p1 = 0.797 < 0.8 so token 2 is kept, before token 3 it is 0.945 >= 0.8 so token 3 is dropped
+        z = logits[:3] / t
+        q = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        expected = np.concatenate([q, np.zeros(3)])
+        assert np.all(freq[3:] == 0)
+        np.testing.assert_allclose(freq, expected, atol=4 * np.sqrt(0.25 / n))
+
+
+# ----------------------------------------------------------------------------- EOS and mask
+
+def test_eos_stops_rows_and_masks_after():
+    model = tiny_lm("smollm2", seed=8)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(5, 2, 4), width=5, seed=9)
+    base = np.asarray(generate(model, ids, mask, jax.random.key(0), max_new_tokens=8, temperature=0.0).tokens)
+    pad = 60
+    for eos in ([int(base[0, 2])], [int(base[0, 3]), int(base[1, 1])]):
+        out = generate(model, ids, mask, jax.random.key(0), max_new_tokens=8, temperature=0.0,
+                       eos_token_id=eos if len(eos) > 1 else eos[0], pad_token_id=pad)
+        toks, lps, m = (np.asarray(x) for x in out)
+        for b in range(3):
+            hits = [i for i in range(8) if base[b, i] in eos]
+            stop = hits[0] + 1 if hits else 8  # tokens kept, EOS included
+            np.testing.assert_array_equal(toks[b, :stop], base[b, :stop])
+            np.testing.assert_array_equal(m[b], (np.arange(8) < stop).astype(np.int32))
+            assert (toks[b, stop:] == pad).all() and (lps[b, stop:] == 0).all()
+            assert (lps[b, :stop] < 0).all()
+        assert m[0].sum() < 8  # row 0 did stop early
+
+
+def test_all_rows_finished_early_still_full_shape():
+    model = tiny_lm("llama", seed=10)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(3, 3), width=3, seed=1)
+    first = np.asarray(generate(model, ids, mask, jax.random.key(0), max_new_tokens=1, temperature=0.0).tokens)
+    out = generate(model, ids, mask, jax.random.key(0), max_new_tokens=10, temperature=0.0,
+                   eos_token_id=[int(first[0, 0]), int(first[1, 0])], pad_token_id=0)
+    assert out.tokens.shape == (2, 10)
+    np.testing.assert_array_equal(np.asarray(out.mask), np.eye(1, 10, dtype=np.int32).repeat(2, 0))
+    np.testing.assert_array_equal(np.asarray(out.tokens)[:, 0], first[:, 0])
+
+
+# ----------------------------------------------------------------------------- compilation and errors
+
+def test_no_recompilation_across_keys_temperatures_and_prompts():
+    model = tiny_lm("llama", seed=12)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(4, 2), width=4, seed=3)
+    kw = dict(max_new_tokens=5, top_p=0.9, eos_token_id=2)
+    generate(model, ids, mask, jax.random.key(0), temperature=1.0, **kw)
+    n0 = TRACE_COUNT["generate"]
+    ids2, mask2 = left_padded_prompts(model.config.vocab_size, lengths=(1, 4), width=4, seed=8)
+    for s, (t, p) in enumerate([(0.5, 0.9), (1.7, 0.3), (1.0, 0.99)]):
+        generate(model, ids2, mask2, jax.random.key(s), temperature=t, **{**kw, "top_p": p})
+    other = tiny_lm("llama", seed=13)  # same structure, other weights
+    generate(other, ids, mask, jax.random.key(0), temperature=1.0, **kw)
+    assert TRACE_COUNT["generate"] == n0
+    generate(model, ids, mask, jax.random.key(0), temperature=1.0, **{**kw, "max_new_tokens": 6})
+    assert TRACE_COUNT["generate"] == n0 + 1  # a new shape does compile (the counter works)
+
+
+@pytest.mark.parametrize("kw,ids,mask,match", [
+    ({}, [[1, 2, 0]], [[1, 1, 0]], "LEFT-padded"),
+    ({}, [[0, 0], [3, 4]], [[0, 0], [1, 1]], r"row\(s\) \[0\] have no real token"),
+    ({}, [1, 2], [1, 1], "must be \\[batch, length\\]"),
+    ({"temperature": -1.0}, [[1, 2]], [[1, 1]], "temperature must be >= 0"),
+    ({"top_p": 0.0}, [[1, 2]], [[1, 1]], r"top_p must be in \(0, 1\]"),
+    ({"top_k": -2}, [[1, 2]], [[1, 1]], "top_k must be an integer >= 0"),
+    ({"eos_token_id": 999}, [[1, 2]], [[1, 1]], r"eos_token_id \[999\] outside the vocabulary"),
+    ({"max_new_tokens": 0}, [[1, 2]], [[1, 1]], "max_new_tokens must be a positive integer"),
+])
+def test_bad_arguments_are_named(kw, ids, mask, match):
+    model = tiny_lm("llama")
+    args = {"max_new_tokens": 2, **kw}
+    with pytest.raises((ValueError, TypeError), match=match):
+        generate(model, np.array(ids), np.array(mask), jax.random.key(0), **args)
