@@ -13,6 +13,7 @@ Formulas (``N`` = number of valid items, i.e. filled slots with stored priority 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import jax
@@ -45,6 +46,7 @@ def _last_write_mask(indices: jax.Array) -> jax.Array:
     return ~jnp.any(later_duplicate, axis=1)
 
 
+@jax.jit
 def _write_priorities(state: ReplayState, indices: jax.Array, stored: jax.Array) -> ReplayState:
     indices = jnp.asarray(indices, jnp.int32)
     valid = (indices >= 0) & (indices < state.size)
@@ -70,6 +72,31 @@ def _check_indices(state: ReplayState, indices: Any) -> None:
                              f"(valid: 0..{size - 1}, buffer size {size})")
 
 
+_stored_priority = jax.jit(stored_priority)
+
+
+@jax.jit
+def _set_stored(state: ReplayState, indices: jax.Array, priorities: jax.Array) -> ReplayState:
+    stored = jnp.maximum(jnp.nan_to_num(jnp.asarray(priorities, jnp.float32), nan=0.0, posinf=0.0), 0.0)
+    return _write_priorities(state, indices, stored)
+
+
+@jax.jit
+def _add_core(state: ReplayState, new_storage: dict, stored: jax.Array) -> ReplayState:
+    b = stored.shape[0]
+    pos = (state.insert_pos + jnp.arange(b, dtype=jnp.int32)) % state.capacity
+    storage = {k: constrain(state.storage[k].at[pos].set(v), leading_sharding(state.mesh, v.ndim))
+               for k, v in new_storage.items()}
+    pr = constrain(state.priorities.at[pos].set(stored), leading_sharding(state.mesh, 1))
+    tree = constrain(tree_lib.build(pr, state.layout), replicated_sharding(state.mesh))
+    return state.replace(
+        storage=storage, priorities=pr, tree=tree,
+        max_priority=jnp.maximum(state.max_priority, jnp.max(stored)),
+        insert_pos=(state.insert_pos + b) % state.capacity,
+        size=jnp.minimum(state.size + b, state.capacity).astype(jnp.int32),
+    )
+
+
 # ------------------------------------------------------------------------------------------------- API
 def update_priorities(state: ReplayState, indices: jax.Array, td_abs: jax.Array) -> ReplayState:
     """Store ``p = (|δ| + ε)^α`` (rank-based: ``|δ| + ε``) for ``indices`` and update the running max.
@@ -84,7 +111,7 @@ def update_priorities(state: ReplayState, indices: jax.Array, td_abs: jax.Array)
         raise ValueError(f"replay update_priorities: indices has {b} entries but td_abs has {np.shape(td_abs)[0]}")
     _check_indices(state, indices)
     _check_finite("td_abs", td_abs)
-    return _write_priorities(state, indices, stored_priority(state, td_abs))
+    return _write_priorities(state, indices, _stored_priority(state, td_abs))
 
 
 def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array) -> ReplayState:
@@ -101,8 +128,7 @@ def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array
     _check_finite("priorities", priorities)
     if is_concrete(priorities) and bool(np.any(np.asarray(priorities) < 0)):
         raise ValueError("replay set_priorities: stored priorities must be >= 0")
-    stored = jnp.maximum(jnp.nan_to_num(jnp.asarray(priorities, jnp.float32), nan=0.0, posinf=0.0), 0.0)
-    return _write_priorities(state, indices, stored)
+    return _set_stored(state, jnp.asarray(indices), jnp.asarray(priorities))
 
 
 def add(state: ReplayState, items: Mapping[str, Any], priorities: jax.Array | None = None) -> ReplayState:
@@ -135,25 +161,14 @@ def add(state: ReplayState, items: Mapping[str, Any], priorities: jax.Array | No
             raise ValueError(f"replay add: item {key!r} has dtype {x.dtype}, cannot store it as {buf.dtype}")
         new_storage[key] = x.astype(buf.dtype)
 
-    pos = (state.insert_pos + jnp.arange(b, dtype=jnp.int32)) % state.capacity
     if priorities is None:
         stored = jnp.broadcast_to(state.max_priority, (b,))
     else:
         if _batch_len("priorities", priorities) != b:
             raise ValueError(f"replay add: {b} items but {np.shape(priorities)[0]} priorities")
         _check_finite("priorities", priorities)
-        stored = stored_priority(state, priorities)
-
-    storage = {k: constrain(state.storage[k].at[pos].set(v), leading_sharding(state.mesh, v.ndim))
-               for k, v in new_storage.items()}
-    pr = constrain(state.priorities.at[pos].set(stored), leading_sharding(state.mesh, 1))
-    tree = constrain(tree_lib.build(pr, state.layout), replicated_sharding(state.mesh))
-    return state.replace(
-        storage=storage, priorities=pr, tree=tree,
-        max_priority=jnp.maximum(state.max_priority, jnp.max(stored)),
-        insert_pos=(state.insert_pos + b) % state.capacity,
-        size=jnp.minimum(state.size + b, state.capacity).astype(jnp.int32),
-    )
+        stored = _stored_priority(state, priorities)
+    return _add_core(state, new_storage, stored)
 
 
 def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float | jax.Array) -> Sample:
@@ -161,7 +176,9 @@ def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float |
 
     Returns :class:`Sample` with ``indices``, ``items``, exact ``probs`` ``P(i)`` and ``weights``
     ``w_i = (N·P(i))^(-β) / max_j w_j`` (module docstring). Items with stored priority 0 are never drawn.
-    An empty buffer raises eagerly; under ``jit`` it returns ``probs == weights == 0``.
+    Eager calls raise ``ValueError`` for an empty buffer and for ``batch_size > size`` (draws are with
+    replacement, so this is a guard against misconfiguration, not a limitation); under ``jit`` neither
+    is checked and an empty buffer returns ``probs == weights == 0``.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"replay sample: batch_size must be a positive integer, got {batch_size!r}")
@@ -170,9 +187,16 @@ def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float |
         bv = float(np.asarray(beta))
         if not 0.0 <= bv <= 1.0:
             raise ValueError(f"replay sample: beta must be in [0, 1], got {bv}")
-    if is_concrete(state.tree) and not bool(np.asarray(state.tree[0]).max(initial=0.0) > 0):
+    if is_concrete(state.tree) and not bool(np.asarray(state.tree)[0].max(initial=0.0) > 0):
         raise ValueError("replay sample: the buffer holds no item with a positive priority (empty buffer?)")
-    beta = jnp.asarray(beta, jnp.float32)
+    if is_concrete(state.size) and batch_size > int(state.size):
+        raise ValueError(f"replay sample: batch_size={batch_size} exceeds the number of filled slots "
+                         f"(size={int(state.size)}); add more items or sample a smaller batch")
+    return _sample_core(state, key, jnp.asarray(beta, jnp.float32), batch_size)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size: int) -> Sample:
     rep = replicated_sharding(state.mesh)
     layout = state.layout
 

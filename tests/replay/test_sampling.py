@@ -1,0 +1,161 @@
+"""Sampling: frequencies match P(i) (chi-square), exact probs, PER weights, stratification, zero priority."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from jaxppo import replay
+from tests.replay import _ref
+
+EXAMPLE = {"x": jnp.zeros((), jnp.float32)}
+
+
+def filled(capacity, td, *, alpha=0.6, eps=1e-6, prioritization="proportional", n=None):
+    """A buffer holding ``n`` (default ``len(td)``) items ``x = slot`` with priorities from ``td``."""
+    n = len(td) if n is None else n
+    st = replay.init(capacity, EXAMPLE, alpha=alpha, eps=eps, prioritization=prioritization)
+    return replay.add(st, {"x": jnp.arange(n, dtype=jnp.float32)}, priorities=jnp.asarray(td, jnp.float32))
+
+
+def draw_counts(st, n_batches, batch_size, seed=0):
+    keys = jax.random.split(jax.random.key(seed), n_batches)
+    idx = jax.jit(jax.vmap(lambda k: replay.sample(st, k, batch_size, beta=1.0).indices))(keys)
+    return np.bincount(np.asarray(idx).ravel(), minlength=st.capacity)
+
+
+TD = np.array([0.0, 0.1, 0.5, 1.0, 2.0, 4.0, 0.3, 0.3, 8.0, 0.05, 1.5, 3.0, 0.7, 0.2, 5.0, 0.01], np.float64)
+
+
+@pytest.mark.parametrize("prioritization", ["proportional", "rank"])
+@pytest.mark.parametrize("batch_size", [7, 16])
+def test_chi_square_frequencies(prioritization, batch_size):
+    alpha, eps = 0.7, 1e-3
+    st = filled(32, TD, alpha=alpha, eps=eps, prioritization=prioritization)
+    counts = draw_counts(st, 40_000 // batch_size, batch_size, seed=batch_size)
+    expected = _ref.probs(_ref.stored(TD, alpha, eps, prioritization), alpha, prioritization)
+    assert counts[len(TD):].sum() == 0, "empty slots were drawn"
+    stat, df = _ref.chi_square(counts[:len(TD)], expected)
+    assert stat < _ref.chi_square_critical(df), (stat, df, counts, expected)
+    # the same statistic rejects a wrong hypothesis (here: uniform), so the check has power
+    wrong, _ = _ref.chi_square(counts[:len(TD)], np.full(len(TD), 1 / len(TD)))
+    assert wrong > _ref.chi_square_critical(df)
+
+
+def test_rank_frequencies_ignore_magnitudes():
+    """Rank-based P depends on the order only: scaling a top priority 1000x changes nothing."""
+    a = filled(32, TD, prioritization="rank")
+    td2 = TD.copy()
+    td2[8] *= 1000.0
+    b = filled(32, td2, prioritization="rank")
+    key = jax.random.key(3)
+    sa, sb = replay.sample(a, key, 16, beta=0.5), replay.sample(b, key, 16, beta=0.5)
+    np.testing.assert_array_equal(sa.indices, sb.indices)
+    np.testing.assert_array_equal(sa.probs, sb.probs)
+
+
+class ExactValuesTest(parameterized.TestCase):
+    """probs, weights and indices, jitted and not."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters("proportional", "rank")
+    def test_probs_and_weights_exact(self, prioritization):
+        alpha, eps, beta = 0.6, 1e-6, 0.4
+        st = filled(16, TD, alpha=alpha, eps=eps, prioritization=prioritization)
+        st = replay.set_priorities(st, jnp.array([9]), jnp.array([0.0]))        # slot 9 switched off
+        p_store = _ref.stored(TD, alpha, eps, prioritization)
+        p_store[9] = 0.0
+        P = _ref.probs(p_store, alpha, prioritization)
+        sample = self.variant(replay.sample, static_argnames="batch_size")
+        s = sample(st, jax.random.key(1), batch_size=16, beta=beta)
+        idx = np.asarray(s.indices)
+        assert 9 not in idx
+        np.testing.assert_allclose(s.probs, P[idx], rtol=2e-5)
+        np.testing.assert_allclose(s.weights, _ref.weights(P, idx, beta), rtol=2e-5)
+        np.testing.assert_array_equal(s.items["x"], idx.astype(np.float32))
+        assert np.all(np.asarray(s.weights) <= 1.0) and np.all(np.asarray(s.weights) > 0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_weights_hand_computed(self):
+        # stored p = (td + 0)^1 = [1, 2, 4, 1]; P = [1, 2, 4, 1] / 8; least likely P_min = 1/8.
+        # w_i = (N P_i)^-β / (N P_min)^-β = (P_min / P_i)^β: β = 0.5 -> item 2 (P = 1/2): (1/4)^0.5 = 0.5
+        st = filled(8, [1.0, 2.0, 4.0, 1.0], alpha=1.0, eps=0.0)
+        sample = self.variant(replay.sample, static_argnames="batch_size")
+        s = sample(st, jax.random.key(0), batch_size=4, beta=0.5)
+        # strata of mass 2 each over the cumulative masses [0,1) [1,3) [3,7) [7,8):
+        # [0,2) -> 0 or 1, [2,4) -> 1 or 2, [4,6) -> 2, [6,8) -> 2 or 3
+        idx = np.asarray(s.indices)
+        assert idx[0] in (0, 1) and idx[1] in (1, 2) and idx[2] == 2 and idx[3] in (2, 3)
+        P = np.array([1, 2, 4, 1]) / 8
+        w = {0: 1.0, 1: np.sqrt(0.5), 2: 0.5, 3: 1.0}
+        np.testing.assert_allclose(s.probs, P[idx], rtol=1e-6)
+        np.testing.assert_allclose(s.weights, [w[i] for i in idx], rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_beta_zero_gives_unit_weights(self):
+        st = filled(16, TD)
+        s = self.variant(replay.sample, static_argnames="batch_size")(st, jax.random.key(2), batch_size=8,
+                                                                      beta=0.0)
+        np.testing.assert_array_equal(s.weights, np.ones(8, np.float32))
+
+
+def test_stratified_one_draw_per_stratum():
+    """Equal masses and B = N: every item exactly once, in order. Masses [3, 1, 0, 0], B = 4: [0, 0, 0, 1]."""
+    st = filled(8, np.ones(8), alpha=1.0, eps=0.0)
+    for seed in range(5):
+        np.testing.assert_array_equal(replay.sample(st, jax.random.key(seed), 8, beta=1.0).indices,
+                                      np.arange(8))
+    st = filled(4, [3.0, 1.0, 0.0, 0.0], alpha=1.0, eps=0.0)
+    for seed in range(5):
+        np.testing.assert_array_equal(replay.sample(st, jax.random.key(seed), 4, beta=1.0).indices,
+                                      [0, 0, 0, 1])
+
+
+def test_stratified_draw_lies_in_its_stratum():
+    """Draw j's cumulative-mass interval [c_{i-1}, c_i) meets stratum [jT/B, (j+1)T/B)."""
+    rng = np.random.default_rng(0)
+    td = rng.exponential(size=200)
+    st = filled(256, td, alpha=0.6, eps=1e-6, n=200)
+    p = _ref.stored(td, 0.6, 1e-6)
+    c = np.concatenate([[0.0], np.cumsum(p)])
+    total, b = c[-1], 50
+    for seed in range(4):
+        idx = np.asarray(replay.sample(st, jax.random.key(seed), b, beta=1.0).indices)
+        lo, hi = np.arange(b) * total / b, np.arange(1, b + 1) * total / b
+        tol = 1e-5 * total
+        assert np.all(c[idx] < hi + tol) and np.all(c[idx + 1] > lo - tol), idx
+        assert np.all(np.diff(idx) >= 0)
+
+
+@pytest.mark.parametrize("prioritization", ["proportional", "rank"])
+def test_zero_priority_never_drawn(prioritization):
+    # eps = 0 and |δ| = 0 stores priority 0; set_priorities(…, 0) switches items off; empty slots are 0
+    td = np.array([0.0, 1.0, 0.0, 2.0, 0.5, 0.0, 1e-3, 3.0])
+    st = filled(16, td, alpha=0.6, eps=0.0, prioritization=prioritization)
+    st = replay.set_priorities(st, jnp.array([3]), jnp.array([0.0]))
+    counts = draw_counts(st, 500, 8, seed=7)
+    never = [0, 2, 3, 5, *range(8, 16)]
+    assert counts[never].sum() == 0, counts
+    assert np.all(counts[[1, 4, 6, 7]] > 0)
+
+
+def test_tiny_priority_next_to_huge_is_drawn_with_its_probability():
+    """A 1e-6 share is neither lost nor inflated (the residual keeps per-level precision)."""
+    td = np.array([1e6, 1.0, 1e6, 1e6])
+    st = filled(4, td, alpha=1.0, eps=0.0)
+    counts = draw_counts(st, 100_000, 4, seed=11)      # 400k draws: expected ~0.13 draws of item 1
+    assert counts[1] <= 5
+    st = filled(4, [1.0, 1.0, 1e-4, 1.0], alpha=1.0, eps=0.0)
+    counts = draw_counts(st, 100_000, 4, seed=12)      # expected ~13 draws of item 2
+    assert 2 <= counts[2] <= 35, counts
+
+
+def test_sample_under_jit_on_empty_buffer_returns_zero_probs():
+    st = replay.init(8, EXAMPLE)
+    s = jax.jit(lambda s, k: replay.sample(s, k, 4, beta=1.0))(st, jax.random.key(0))
+    np.testing.assert_array_equal(s.probs, np.zeros(4))
+    np.testing.assert_array_equal(s.weights, np.zeros(4))
