@@ -72,6 +72,15 @@ def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batc
     return float(np.exp(-(lp * mask).sum() / ntok))
 
 
+def _host(x) -> np.ndarray:
+    """``x`` as a NumPy array; a global array spread over several processes is all-gathered first."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     return x if x.shape[0] == rows else np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], axis=0)])
 
@@ -127,10 +136,10 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
         pol_lp = _logprobs(pol_gd, pol_state, p_ids, p_mask, r_ids, r_mask)
         ref_lp = _logprobs(ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
         num, den = _kl_sums(pol_lp, ref_lp, r_mask)
-        tokens.append(np.asarray(r_ids)[:m])
-        masks.append(np.asarray(r_mask)[:m])
-        kl_num.append(np.asarray(num, np.float64)[:m])
-        kl_den.append(np.asarray(den, np.float64)[:m])
+        tokens.append(_host(r_ids)[:m])
+        masks.append(_host(r_mask)[:m])
+        kl_num.append(_host(num).astype(np.float64)[:m])
+        kl_den.append(_host(den).astype(np.float64)[:m])
     tokens_np = np.concatenate(tokens)
     masks_np = np.concatenate(masks)
     lengths = masks_np.sum(axis=1)

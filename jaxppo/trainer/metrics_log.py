@@ -14,6 +14,10 @@ files (``s = 0``: a fresh run, the files start empty), rewritten atomically (tem
 uninterrupted run. A half-written (unparsable) *last* line, as SIGKILL leaves it, is dropped; an
 unparsable line anywhere else is an error naming the file and line. TensorBoard is told the same
 with ``purge_step=s + 1`` (events of later steps from the killed run are hidden).
+
+Multi-process runs (``jax.distributed``): only process 0 writes files, TensorBoard and the progress
+bar (``write=None``, the default, means ``jax.process_index() == 0``); the other processes' loggers
+only convert and return the metrics.
 """
 
 from __future__ import annotations
@@ -134,34 +138,42 @@ class MetricsLogger:
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, total_steps: int, start_step: int = 0,
-                 tensorboard: bool = True, progress: bool = True):
+                 tensorboard: bool = True, progress: bool = True, write: bool | None = None):
         if not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"MetricsLogger: start_step must be a non-negative int, got {start_step!r}")
         if not isinstance(total_steps, int) or total_steps < 0:
             raise ValueError(f"MetricsLogger: total_steps must be a non-negative int, got {total_steps!r}")
+        if write is None:
+            import jax
+
+            write = jax.process_index() == 0
+        self.write = bool(write)
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.total_steps = total_steps
         self.start_step = start_step
         self.metrics_path = self.out_dir / METRICS_FILE
         self.events_path = self.out_dir / EVENTS_FILE
+        self._metrics = self._events = None
+        self._tb = None
+        self._bar = None
+        self._closed = False
+        if not self.write:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         for p in (self.metrics_path, self.events_path):
             truncate_log(p, start_step)
         self._metrics = _JsonlWriter(self.metrics_path)
         self._events = _JsonlWriter(self.events_path)
-        self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.out_dir / TENSORBOARD_DIR),
                                      purge_step=start_step + 1 if start_step > 0 else None)
-        self._bar = None
         if progress:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total_steps, initial=min(start_step, total_steps), desc="train",
                              unit="step", dynamic_ncols=True, disable=None, file=sys.stderr)
-        self._closed = False
 
     # ------------------------------------------------------------------ writing
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -171,6 +183,8 @@ class MetricsLogger:
         if "step" in metrics:
             raise ValueError("metrics must not contain the reserved key 'step'")
         values = {str(k): to_float(str(k), v) for k, v in metrics.items()}
+        if not self.write:
+            return values
         self._metrics.write({"step": step, **{k: json_number(v) for k, v in values.items()}})
         if self._tb is not None:
             for k, v in values.items():
@@ -195,6 +209,8 @@ class MetricsLogger:
         if reserved:
             raise ValueError(f"event data must not use the reserved keys {sorted(reserved)}")
         row = {"step": step, "kind": kind, "message": str(message), **_jsonable(data)}
+        if not self.write:
+            return
         self._events.write(row)
         logger.warning("step %d: %s: %s", step, kind, message)
         if self._tb is not None:
@@ -209,8 +225,9 @@ class MetricsLogger:
         if self._closed:
             return
         self._closed = True
-        self._metrics.close()
-        self._events.close()
+        for w in (self._metrics, self._events):
+            if w is not None:
+                w.close()
         if self._tb is not None:
             self._tb.close()
         if self._bar is not None:

@@ -129,3 +129,11 @@ def test_tensorboard_scalars_and_progress_bar(tmp_path):
         lg.log(1, {"critic/score/mean": 0.25, "actor/ppo_kl": float("nan")})
         lg.log(3, {"critic/score/mean": 0.75})
     assert _tb_scalars(tmp_path / "tensorboard") == [("critic/score/mean", 1, 0.25), ("critic/score/mean", 3, 0.75)]
+
+
+def test_non_writing_process_touches_no_files(tmp_path):
+    out = tmp_path / "run"
+    with MetricsLogger(out, total_steps=2, write=False) as lg:
+        assert lg.log(1, {"a": np.float32(2.0)}) == {"a": 2.0}
+        lg.event(1, "note", "x")
+    assert not out.exists()
