@@ -22,9 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from jaxppo.hf.mapping import check_names_and_shapes, expected_names, tensor_maps
 from jaxppo.hf.safetensors_io import SafetensorsFile
 from jaxppo.models.config import LMConfig
-from jaxppo.models.sharding import var_logical_axes
+from jaxppo.models.sharding import mesh_spec
 from jaxppo.models.transformer import CausalLM
-from jaxppo.parallel import logical_to_spec
 
 
 class TensorSource(Protocol):
@@ -134,7 +133,7 @@ def load_weights(model: CausalLM, source: TensorSource, *, mesh: Mesh | None = N
         var = _resolve(model, ours)
         abstract = var.get_value()
         shape, dtype = tuple(abstract.shape), jnp.dtype(abstract.dtype)
-        spec = logical_to_spec(var_logical_axes(var), rules) if mesh is not None else None
+        spec = mesh_spec(var, mesh, rules) if mesh is not None else None
         full = NamedSharding(mesh, spec) if mesh is not None else SingleDeviceSharding(jax.devices()[0])
         if items[0][1].per_layer:
             row_sh = NamedSharding(mesh, PartitionSpec(*tuple(spec)[1:])) if mesh is not None else full

@@ -2,7 +2,8 @@
 
 Every ``nnx.Param`` built by ``jaxppo.models`` carries ``logical_axes`` metadata (see ``layers.make_param``);
 the rules of ``jaxppo.parallel`` map logical names to mesh axes (unknown names such as ``"layers"``
-are replicated).
+are replicated). With a mesh, a dimension whose size the mesh axes do not divide (e.g. SmolLM2's 9
+heads on ``tensor=2``) is replicated instead of raising (``fit_spec``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,24 @@ def _map_vars(fn, tree):
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def fit_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """``spec`` with every dimension whose size is not divisible by its mesh-axes product replicated."""
+    out = []
+    for i, entry in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        size = 1
+        for a in axes:
+            size *= mesh.shape[a]
+        out.append(entry if size == 1 or shape[i] % size == 0 else None)
+    return PartitionSpec(*out)
+
+
+def mesh_spec(var: nnx.Variable, mesh: Mesh, rules: Mapping | None = None) -> PartitionSpec:
+    """The PartitionSpec of ``var`` on ``mesh``: its logical axes through ``rules``, then ``fit_spec``."""
+    shape = tuple(getattr(var.get_value(), "shape", ()))
+    return fit_spec(logical_to_spec(var_logical_axes(var), rules), shape, mesh)
+
+
 def partition_specs(tree, rules: Mapping | None = None):
     """For a module or ``nnx.State``: the same structure with each Variable's value a ``PartitionSpec``.
 
@@ -41,9 +60,9 @@ def partition_specs(tree, rules: Mapping | None = None):
 
 
 def named_shardings(tree, mesh: Mesh, rules: Mapping | None = None):
-    """Like ``partition_specs`` but each value is a ``NamedSharding`` on ``mesh``."""
+    """Like ``partition_specs`` but each value is a ``NamedSharding`` on ``mesh`` (indivisible dims replicated)."""
     state = nnx.state(tree) if isinstance(tree, nnx.Module) else tree
-    return _map_vars(lambda v: NamedSharding(mesh, logical_to_spec(var_logical_axes(v), rules)), state)
+    return _map_vars(lambda v: NamedSharding(mesh, mesh_spec(v, mesh, rules)), state)
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Mapping | None = None) -> nnx.Module:

@@ -1,0 +1,207 @@
+"""jaxppo.models: rope tables, padding, remat/scan equivalence, dtypes, logical axes, heads, sharding, config."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxppo.models import CausalLM, LMConfig, RewardModel, ValueModel, named_shardings, shard_model
+from jaxppo.models.sharding import fit_spec
+from tests.models.tiny_lm import left_padded_prompts, tiny_config, tiny_lm
+
+
+# ----------------------------------------------------------------------------- rotary frequencies
+
+@pytest.mark.parametrize("rope", [
+    dict(rope_type="default"),
+    dict(rope_type="linear", factor=4.0),
+    dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_max_position_embeddings=64),
+])
+def test_inv_freq_matches_transformers(rope):
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    hf = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=32, max_position_embeddings=512,
+                                  rope_parameters=dict(rope_theta=50000.0, **rope))
+    if rope["rope_type"] == "default":
+        expected = 1.0 / 50000.0 ** (np.arange(0, 32, 2) / 32)
+    else:
+        expected = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf)[0].numpy()
+    ours = LMConfig.from_hf(hf.to_dict()).inv_freq()
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)
+    if rope["rope_type"] == "llama3":  # the scaling really changes some frequencies, and keeps others
+        plain = 1.0 / 50000.0 ** (np.arange(0, 32, 2) / 32)
+        assert np.isclose(ours[0], plain[0]) and np.isclose(ours[-1], plain[-1] / 8, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- padding and equivalences
+
+def test_left_padding_does_not_change_real_token_logits():
+    model = tiny_lm("mistral", seed=1)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(7, 4), width=7, seed=0)
+    padded = np.asarray(_jit_forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+    alone = np.asarray(_jit_forward(model, jnp.asarray(ids[1:, 3:]), jnp.ones((1, 4), jnp.int32)))
+    np.testing.assert_allclose(padded[1, 3:], alone[0], atol=2e-5)
+    assert np.isfinite(padded).all()  # fully masked pad queries do not produce NaN
+
+
+def _loss_and_grads(model, ids, mask):
+    def loss(m):
+        lp = jax.nn.log_softmax(m(ids, mask))
+        return -jnp.mean(jnp.take_along_axis(lp[:, :-1], ids[:, 1:, None], -1))
+    return nnx.value_and_grad(loss)(model)
+
+
+_jit_loss_and_grads = nnx.jit(_loss_and_grads)
+_jit_forward = nnx.jit(lambda m, ids, mask: m(ids, mask))
+
+
+@pytest.mark.parametrize("remat,scan", [(True, True), (False, False), (True, False)])
+def test_remat_and_unrolled_layers_give_same_loss_and_grads(remat, scan):
+    ids, mask = left_padded_prompts(61, lengths=(6, 3), width=6, seed=2)
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+    ref_model = tiny_lm("qwen2", seed=4)
+    other = tiny_lm("qwen2", seed=4, remat=remat, scan_layers=scan)
+    l0, g0 = _jit_loss_and_grads(ref_model, ids, mask)
+    l1, g1 = _jit_loss_and_grads(other, ids, mask)
+    np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
+    flat0, flat1 = jax.tree.leaves(g0), jax.tree.leaves(g1)
+    assert len(flat0) == len(flat1) > 5
+    for a, b in zip(flat0, flat1):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
+    assert max(float(jnp.max(jnp.abs(a))) for a in flat0) > 1e-3
+
+
+def test_bf16_compute_with_fp32_params_is_close():
+    m32 = tiny_lm("llama", seed=5)
+    mixed = tiny_lm("llama", seed=5, compute_dtype="bfloat16")
+    assert mixed.model.layers.q.get_value().dtype == jnp.float32
+    ids, mask = left_padded_prompts(61, lengths=(6, 4), width=6, seed=3)
+    ref = np.asarray(_jit_forward(m32, jnp.asarray(ids), jnp.asarray(mask)))
+    out = _jit_forward(mixed, jnp.asarray(ids), jnp.asarray(mask))
+    assert out.dtype == jnp.float32
+    assert mixed.hidden_states(jnp.asarray(ids), jnp.asarray(mask)).dtype == jnp.bfloat16
+    real = mask.astype(bool)
+    err = np.abs(np.asarray(out) - ref)[real]
+    assert err.max() < 0.05 * np.abs(ref[real]).max()
+    assert 0 < err.max()  # it really computed in bf16
+    _, grads = _jit_loss_and_grads(mixed, jnp.asarray(ids), jnp.asarray(mask))
+    assert all(g.dtype == jnp.float32 and bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+# ----------------------------------------------------------------------------- logical axes
+
+@pytest.mark.parametrize("kind", ["lm", "lm_tied_bias", "value", "reward"])
+def test_every_param_has_logical_axes(kind):
+    if kind == "lm":
+        model = tiny_lm("llama")
+    elif kind == "lm_tied_bias":
+        model = CausalLM(tiny_config("smollm2", attention_bias=True, mlp_bias=True), rngs=nnx.Rngs(0))
+    elif kind == "value":
+        model = ValueModel.from_lm(tiny_lm("qwen2"))
+    else:
+        model = RewardModel.from_lm(tiny_lm("mistral"))
+    n = 0
+    for path, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Param):
+            axes = var.get_metadata().get("logical_axes")
+            assert axes is not None, path
+            assert len(axes) == var.get_value().ndim, (path, axes)
+            n += 1
+    assert n >= 11
+
+
+# ----------------------------------------------------------------------------- heads
+
+def test_value_and_reward_heads_by_hand():
+    lm = tiny_lm("llama", seed=6)
+    critic = ValueModel.from_lm(lm, rngs=nnx.Rngs(1))
+    rm = RewardModel.from_lm(lm, rngs=nnx.Rngs(2))
+    ids, mask = left_padded_prompts(61, lengths=(5, 3), width=5, seed=4)
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+    h = np.asarray(lm.hidden_states(ids, mask), np.float64)
+    w, c = np.asarray(critic.value_head.kernel.get_value())[:, 0], float(critic.value_head.bias.get_value()[0])
+    np.testing.assert_allclose(np.asarray(critic(ids, mask)), h @ w + c, atol=1e-5)
+    w, c = np.asarray(rm.score_head.kernel.get_value())[:, 0], float(rm.score_head.bias.get_value()[0])
+    np.testing.assert_allclose(np.asarray(rm(ids, mask)), h[:, -1] @ w + c, atol=1e-5)
+    # right padding: the score is read at the last real token
+    right_ids = jnp.concatenate([ids[1:, 2:], jnp.zeros((1, 2), jnp.int32)], axis=1)
+    right_mask = jnp.array([[1, 1, 1, 0, 0]])
+    np.testing.assert_allclose(np.asarray(rm(right_ids, right_mask)), np.asarray(rm(ids, mask))[1:], atol=1e-5)
+    # the trunk is a copy: changing the critic does not touch the policy
+    critic.model.embed.set_value(critic.model.embed.get_value() * 0)
+    assert float(jnp.abs(lm.model.embed.get_value()).sum()) > 0
+
+
+# ----------------------------------------------------------------------------- sharding
+
+def test_sharded_model_matches_single_device():
+    from jaxppo.parallel import make_mesh
+    mesh = make_mesh(data=1, fsdp=4, tensor=2)
+    ids, mask = left_padded_prompts(64, lengths=(6, 2, 5, 6), width=6, seed=5)
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+    single = tiny_lm("llama", seed=7, vocab_size=64)
+    sharded = shard_model(tiny_lm("llama", seed=7, vocab_size=64), mesh)
+    q = sharded.model.layers.q.get_value()
+    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+    assert q.addressable_shards[0].data.shape == (2, 8, 2, 8)
+    ref_l, ref_g = _jit_loss_and_grads(single, ids, mask)
+    graphdef, state = nnx.split(sharded)
+
+    @jax.jit
+    def step(state, ids, mask):
+        m = nnx.merge(graphdef, state)
+        return m(ids, mask), _loss_and_grads(m, ids, mask)
+
+    logits, (loss, grads) = step(state, ids, mask)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(_jit_forward(single, ids, mask)), atol=1e-5)
+    np.testing.assert_allclose(float(loss), float(ref_l), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(ref_g), jax.tree.leaves(grads)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
+
+
+def test_indivisible_dimensions_are_replicated():
+    from jaxppo.parallel import make_mesh
+    mesh = make_mesh(data=1, fsdp=4, tensor=2)
+    spec = jax.sharding.PartitionSpec
+    assert fit_spec(spec("tensor", "fsdp"), (61, 32), mesh) == spec(None, "fsdp")
+    assert fit_spec(spec(("data", "fsdp"), None), (6, 3), mesh) == spec(None, None)
+    model = tiny_lm("llama", vocab_size=61, num_attention_heads=6, num_key_value_heads=3, head_dim=8)
+    sh = named_shardings(model, mesh)
+    assert sh["model"]["embed"].get_value().spec == spec(None, "fsdp")
+    assert sh["model"]["layers"]["k"].get_value().spec == spec(None, "fsdp", None, None)
+    shard_model(model, mesh)  # does not raise
+    assert model.model.layers.gate.get_value().sharding.spec == spec(None, "fsdp", "tensor")
+
+
+# ----------------------------------------------------------------------------- config
+
+def test_config_round_trips_through_hf_dict():
+    cfg = tiny_config("mistral", eos_token_id=(2, 5), rope_scaling=dict(rope_type="llama3", factor=8.0,
+                      low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64))
+    back = LMConfig.from_hf(cfg.to_hf(), initializer_range=cfg.initializer_range)
+    assert back == cfg
+    assert hash(back) == hash(cfg)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(architecture="gpt2"), r"architecture='gpt2' is not supported"),
+    (dict(num_key_value_heads=3), "must be a multiple of num_key_value_heads=3"),
+    (dict(head_dim=7), "head_dim=7 must be even"),
+    (dict(rope_scaling=dict(rope_type="yarn", factor=2.0)), "rope_type 'yarn' is not supported"),
+    (dict(rope_scaling=dict(rope_type="llama3", factor=2.0)), "needs field 'low_freq_factor'"),
+    (dict(hidden_size=0), "hidden_size must be a positive integer"),
+    (dict(compute_dtype="int8"), "compute_dtype='int8'"),
+])
+def test_bad_config_is_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_config("llama", **kw)
+
+
+def test_unsupported_hf_fields_are_named():
+    base = tiny_config("llama").to_hf()
+    with pytest.raises(ValueError, match="hidden_act='gelu' is not supported"):
+        LMConfig.from_hf({**base, "hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="use_sliding_window=true"):
+        LMConfig.from_hf({**tiny_config("qwen2").to_hf(), "use_sliding_window": True})
