@@ -1,0 +1,130 @@
+"""GAE: hand-computed case, reference on random masks, all formulations equal, gradients, properties."""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxppo.ops import gae
+from jaxppo.ops.advantages import gae_associative, gae_chunked, gae_scan
+from tests.ops import reference as ref
+from tests.ops._data import random_inputs
+
+VARIANTS = {"gae": gae, "scan": gae_scan, "associative": gae_associative,
+            "chunked": gae_chunked, "chunked3": functools.partial(gae_chunked, chunk=3)}
+
+
+class GaeTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_hand_computed(self):
+        # gamma = 0.5, lam = 0.5 (gamma*lam = 0.25), one row, mask [1, 0, 1, 0]:
+        # t=3 masked: adv=0, nv=0.            t=2 valid: delta = 1 + 0.5*0 - 2 = -1, adv = -1, nv = 2.
+        # t=1 masked: adv carries -1.         t=0 valid: delta = 4 + 0.5*2 - 1 = 4, adv = 4 + 0.25*(-1) = 3.75.
+        # returns = adv + values = [4.75, 9, 1, 10].
+        r = jnp.array([[4.0, 100.0, 1.0, 100.0]])
+        v = jnp.array([[1.0, 10.0, 2.0, 10.0]])
+        m = jnp.array([[1, 0, 1, 0]])
+        fn = self.variant(gae)
+        adv, ret = fn(r, v, m, 0.5, 0.5)
+        np.testing.assert_allclose(adv, [[3.75, -1.0, -1.0, 0.0]], atol=1e-6)
+        np.testing.assert_allclose(ret, [[4.75, 9.0, 1.0, 10.0]], atol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_matches_reference_all_formulations(self):
+        _, m, x = random_inputs(seed=1, b=6, t=11)
+        r, v = x(), x()
+        want_adv, want_ret = ref.gae(r, v, m, 0.97, 0.9)
+        for name, fn in VARIANTS.items():
+            adv, ret = self.variant(fn)(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), 0.97, 0.9)
+            np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5, err_msg=name)
+        # a fully masked row has zero advantages and returns == values
+        np.testing.assert_allclose(want_adv[0], 0.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_gradient_matches_finite_differences(self):
+        _, m, x = random_inputs(seed=2, b=4, t=5)
+        r, v, c = x(), x(), x()
+
+        def objective(r_, v_):
+            adv, ret = gae(r_, v_, m, 0.9, 0.8)
+            return jnp.sum(c * adv) + 0.5 * jnp.sum(c * ret)
+
+        g_r, g_v = self.variant(jax.grad(objective, argnums=(0, 1)))(jnp.asarray(r), jnp.asarray(v))
+
+        def ref_objective(r_, v_):
+            adv, ret = ref.gae(r_, v_, m, 0.9, 0.8)
+            return float(np.sum(c * adv) + 0.5 * np.sum(c * ret))
+
+        eps = 1e-3
+        for grad, which in ((g_r, 0), (g_v, 1)):
+            fd = np.zeros(r.shape)
+            for idx in np.ndindex(*r.shape):
+                args_p = [r.astype(np.float64), v.astype(np.float64)]
+                args_m = [a.copy() for a in args_p]
+                args_p[which][idx] += eps
+                args_m[which][idx] -= eps
+                fd[idx] = (ref_objective(*args_p) - ref_objective(*args_m)) / (2 * eps)
+            np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4)
+
+
+_T = 8
+_B = 4
+_floats = hnp.arrays(np.float32, (_B, _T), elements=st.floats(-5, 5, width=32))
+_masks = hnp.arrays(np.bool_, (_B, _T))
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(name):
+    return jax.jit(VARIANTS[name])
+
+
+@given(r=_floats, v=_floats, m=_masks, gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0),
+       name=st.sampled_from(sorted(VARIANTS)))
+def test_property_equals_naive_reverse_recursion(r, v, m, gamma, lam, name):
+    adv, ret = _jitted(name)(r, v, m, gamma, lam)
+    want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
+    np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ret, want_ret, rtol=1e-4, atol=1e-4)
+
+
+def test_full_mask_gamma_lam_one_is_reward_to_go_minus_value():
+    # gamma = lam = 1, no padding: adv_t = sum_{s>=t} r_s - v_t (telescoping), by hand for r=[1,2,3], v=[0.5,0,1]:
+    # adv = [6-0.5, 5-0, 3-1] = [5.5, 5, 2].
+    adv, _ = gae(jnp.array([[1.0, 2.0, 3.0]]), jnp.array([[0.5, 0.0, 1.0]]), jnp.ones((1, 3)), 1.0, 1.0)
+    np.testing.assert_allclose(adv, [[5.5, 5.0, 2.0]], atol=1e-6)
+
+
+def test_chunked_handles_length_not_multiple_of_chunk():
+    _, m, x = random_inputs(seed=3, b=5, t=13)
+    r, v = x(), x()
+    adv, _ = gae_chunked(r, v, m, 0.99, 0.95, chunk=4)
+    np.testing.assert_allclose(adv, ref.gae(r, v, m, 0.99, 0.95)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(values=np.zeros((2, 4), np.float32)), "shape mismatch"),
+    (dict(mask=np.ones((2, 3, 1))), "mask must be 2-D"),
+    (dict(gamma=1.5), "gamma"),
+    (dict(lam=-0.1), "lam"),
+])
+def test_bad_input(bad, match):
+    args = dict(rewards=np.zeros((2, 3), np.float32), values=np.zeros((2, 3), np.float32),
+                mask=np.ones((2, 3)), gamma=0.9, lam=0.9)
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        gae(**args)
+
+
+def test_integer_rewards_rejected():
+    with pytest.raises(TypeError, match="rewards"):
+        gae(np.zeros((2, 3), np.int32), np.zeros((2, 3), np.float32), np.ones((2, 3)), 0.9, 0.9)
