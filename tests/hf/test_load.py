@@ -9,30 +9,22 @@ import pytest
 
 from jaxppo.hf import load_pretrained, load_tokenizer
 from jaxppo.hf.safetensors_io import SafetensorsFile, save_file
+from jaxppo.models import generate
 from tests.hf.tiny import save_hf_model
 
 
-def _greedy_no_cache(model, prompt_ids, n):
-    """Greedy decoding by full forwards over a fixed-size right-padded buffer (one compile)."""
-    total = len(prompt_ids) + n
-    buf = np.zeros((1, total), np.int32)
-    buf[0, :len(prompt_ids)] = prompt_ids
-    fwd = jax.jit(lambda ids, mask: model(ids, mask))
-    for t in range(len(prompt_ids), total):
-        mask = (np.arange(total) < t).astype(np.int32)[None]
-        logits = fwd(jnp.asarray(buf), jnp.asarray(mask))
-        buf[0, t] = int(jnp.argmax(logits[0, t - 1]))
-    return buf[0].tolist()
-
-
 def test_stories260k_greedy_matches_reference(shared_dir):
+    """KV-cache greedy decoding reproduces llama2.c's reference continuation."""
     ref = json.loads((shared_dir / "reference" / "stories260K_greedy.json").read_text())
     path = shared_dir / "models" / "stories260K"
     model = load_pretrained(path)
     tok = load_tokenizer(path)
     assert tok(ref["prompt"]).input_ids == ref["prompt_ids"]
-    ids = _greedy_no_cache(model, ref["prompt_ids"], ref["max_new_tokens"])
-    text = tok.decode(ids, skip_special_tokens=True)
+    prompt = np.asarray([ref["prompt_ids"]], np.int32)
+    out = generate(model, prompt, np.ones_like(prompt), jax.random.key(0), max_new_tokens=ref["max_new_tokens"],
+                   temperature=0.0)
+    assert int(np.asarray(out.mask).sum()) == ref["max_new_tokens"]
+    text = tok.decode(ref["prompt_ids"] + np.asarray(out.tokens)[0].tolist(), skip_special_tokens=True)
     assert text.startswith(ref["expected_text_prefix"]), text
 
 

@@ -37,3 +37,10 @@ def test_export_reloads_in_transformers_with_same_logits(family, tmp_path):
     ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
     assert np.max(np.abs(exported[real] - hf_logits(hf, ids, mask)[real])) < 1e-5
     assert np.max(np.abs(exported[real] - ours[real])) < 1e-4
+
+
+def test_save_rejects_non_lm(tmp_path):
+    from jaxppo.models import ValueModel
+    from tests.models.tiny_lm import tiny_lm
+    with pytest.raises(TypeError, match="save_pretrained expects a jaxppo CausalLM, got ValueModel"):
+        save_pretrained(ValueModel.from_lm(tiny_lm()), tmp_path / "out")
