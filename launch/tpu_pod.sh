@@ -25,6 +25,7 @@ if [[ -n "${PROJECT:-}" ]]; then PROJECT_ARGS=(--project "$PROJECT"); fi
 cd "$(dirname "$0")/.."
 
 if [[ "${SETUP:-0}" == "1" ]]; then
+  "${GCLOUD[@]}" ssh "$TPU" --worker=all --zone "$ZONE" "${PROJECT_ARGS[@]}" --command "mkdir -p $REPO_DIR"
   "${GCLOUD[@]}" scp --recurse --worker=all --zone "$ZONE" "${PROJECT_ARGS[@]}" \
     pyproject.toml jaxppo configs launch "$TPU:$REPO_DIR/"
   "${GCLOUD[@]}" ssh "$TPU" --worker=all --zone "$ZONE" "${PROJECT_ARGS[@]}" --command \
