@@ -13,7 +13,8 @@ files (``s = 0``: a fresh run, the files start empty), rewritten atomically (tem
 ``os.replace``), so the log of a run resumed from the checkpoint of step ``s`` equals the log of an
 uninterrupted run. A half-written (unparsable) *last* line, as SIGKILL leaves it, is dropped; an
 unparsable line anywhere else is an error naming the file and line. TensorBoard is told the same
-with ``purge_step=s + 1`` (events of later steps from the killed run are hidden).
+with ``purge_step=s + 1`` (``0`` for a fresh run): events of later steps left by an earlier run in
+the same folder are hidden.
 
 Multi-process runs (``jax.distributed``): only process 0 writes files, TensorBoard and the progress
 bar (``write=None``, the default, means ``jax.process_index() == 0``); the other processes' loggers
@@ -168,7 +169,7 @@ class MetricsLogger:
             from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(str(self.out_dir / TENSORBOARD_DIR),
-                                     purge_step=start_step + 1 if start_step > 0 else None)
+                                     purge_step=start_step + 1 if start_step > 0 else 0)
         if progress:
             from tqdm.auto import tqdm
 
