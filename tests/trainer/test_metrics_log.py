@@ -137,3 +137,25 @@ def test_non_writing_process_touches_no_files(tmp_path):
         assert lg.log(1, {"a": np.float32(2.0)}) == {"a": 2.0}
         lg.event(1, "note", "x")
     assert not out.exists()
+
+
+def test_tensorboard_resume_writes_a_purge_marker(tmp_path):
+    from tensorboardX.proto import event_pb2
+
+    with MetricsLogger(tmp_path, total_steps=6, tensorboard=True, progress=False) as lg:
+        for s in range(1, 5):
+            lg.log(s, {"m": float(s)})
+    with MetricsLogger(tmp_path, total_steps=6, start_step=2, tensorboard=True, progress=False) as lg:
+        lg.log(3, {"m": 30.0})
+    import struct
+
+    starts = []
+    for f in sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*")):
+        data, pos = f.read_bytes(), 0
+        while pos < len(data):
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            ev = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+            pos += 16 + n
+            if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
+                starts.append(ev.step)
+    assert 3 in starts  # TensorBoard drops the first run's events with step >= 3
