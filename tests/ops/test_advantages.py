@@ -14,12 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxppo.ops import gae
-from jaxppo.ops.advantages import gae_associative, gae_chunked, gae_scan
+from jaxppo.ops.advantages import gae_associative, gae_blocked, gae_chunked, gae_scan, is_prefix_mask
 from tests.ops import reference as ref
 from tests.ops._data import random_inputs
 
 VARIANTS = {"gae": gae, "scan": gae_scan, "associative": gae_associative,
             "chunked": gae_chunked, "chunked3": functools.partial(gae_chunked, chunk=3)}
+#: formulations that are only valid for prefix (right-padded) masks
+PREFIX_VARIANTS = {"gae": gae, "blocked": gae_blocked, "blocked3": functools.partial(gae_blocked, block=3)}
 
 
 class GaeTest(chex.TestCase):
@@ -49,6 +51,19 @@ class GaeTest(chex.TestCase):
             np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5, err_msg=name)
         # a fully masked row has zero advantages and returns == values
         np.testing.assert_allclose(want_adv[0], 0.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_prefix_masks_match_reference(self):
+        rng = np.random.default_rng(21)
+        r, v = (rng.normal(size=(6, 10)).astype(np.float32) for _ in range(2))
+        lengths = np.array([0, 10, 1, 4, 9, 5])  # empty, full, and right-padded rows
+        m = (np.arange(10)[None, :] < lengths[:, None]).astype(np.float32)
+        for gamma, lam in ((0.99, 0.95), (1.0, 1.0), (0.5, 0.0), (0.0, 0.7)):
+            want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
+            for name, fn in PREFIX_VARIANTS.items():
+                adv, ret = self.variant(fn)(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), gamma, lam)
+                np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5, err_msg=f"{name} {gamma} {lam}")
+                np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5, err_msg=name)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_gradient_matches_finite_differences(self):
@@ -95,6 +110,29 @@ def test_property_equals_naive_reverse_recursion(r, v, m, gamma, lam, name):
     want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
     np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ret, want_ret, rtol=1e-4, atol=1e-4)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_prefix(name):
+    return jax.jit(PREFIX_VARIANTS[name])
+
+
+@given(r=_floats, v=_floats, lengths=hnp.arrays(np.int64, (_B,), elements=st.integers(0, _T)),
+       gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0), name=st.sampled_from(sorted(PREFIX_VARIANTS)))
+def test_property_prefix_masks_equal_naive_reverse_recursion(r, v, lengths, gamma, lam, name):
+    m = np.arange(_T)[None, :] < lengths[:, None]
+    adv, ret = _jitted_prefix(name)(r, v, m, gamma, lam)
+    want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
+    np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ret, want_ret, rtol=1e-4, atol=1e-4)
+
+
+def test_is_prefix_mask_and_blocked_rejects_holes():
+    assert bool(is_prefix_mask(np.array([[1, 1, 0], [0, 0, 0], [1, 1, 1]])))
+    assert not bool(is_prefix_mask(np.array([[1, 0, 1], [1, 1, 1]])))
+    assert not bool(is_prefix_mask(np.array([[0, 1, 1]])))  # left padding is not a prefix mask
+    with pytest.raises(ValueError, match="prefix mask"):
+        gae_blocked(np.zeros((1, 3), np.float32), np.zeros((1, 3), np.float32), np.array([[1, 0, 1]]), 0.9, 0.9)
 
 
 def test_full_mask_gamma_lam_one_is_reward_to_go_minus_value():
