@@ -58,7 +58,7 @@ class GaeTest(chex.TestCase):
         r, v = (rng.normal(size=(6, 10)).astype(np.float32) for _ in range(2))
         lengths = np.array([0, 10, 1, 4, 9, 5])  # empty, full, and right-padded rows
         m = (np.arange(10)[None, :] < lengths[:, None]).astype(np.float32)
-        for gamma, lam in ((0.99, 0.95), (1.0, 1.0), (0.5, 0.0), (0.0, 0.7)):
+        for gamma, lam in ((0.99, 0.95), (0.0, 0.7)):  # hypothesis covers the rest of [0, 1]^2
             want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
             for name, fn in PREFIX_VARIANTS.items():
                 adv, ret = self.variant(fn)(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), gamma, lam)
