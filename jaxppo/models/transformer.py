@@ -198,10 +198,14 @@ class CausalLM(nnx.Module):
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
         """``h @ W_out`` in float32 (``W_out = embedding.T`` when tied)."""
-        if self.lm_head is None:
+        lead, d = h.shape[:-1], h.shape[-1]
+        h2 = h.reshape(-1, d)
+        if self.lm_head is None:  # contract with the embedding's last dim: [N, D] x [V, D] -> [N, V]
             w = self.model.embed[...].astype(h.dtype)
-            return jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
-        return jnp.einsum("btd,dv->btv", h, self.lm_head[...].astype(h.dtype), preferred_element_type=jnp.float32)
+            out = jax.lax.dot_general(h2, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        else:
+            out = jnp.dot(h2, self.lm_head[...].astype(h.dtype), preferred_element_type=jnp.float32)
+        return out.reshape(*lead, -1)
 
     def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         return self.model(input_ids, attention_mask)

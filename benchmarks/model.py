@@ -1,0 +1,167 @@
+"""Forward+backward throughput of jaxppo.models vs transformers' PyTorch Llama, plus MFU vs a large matmul.
+
+Same configuration (SmolLM2-135M shape by default: 30 layers, d=576, 9 heads / 3 KV heads, MLP 1536,
+vocab 49152, tied embeddings), same batch (8 x 128 tokens), float32, random init, next-token
+cross-entropy loss averaged over tokens, gradients w.r.t. every parameter. The two frameworks are
+timed alternately in one process (the machine is shared and noisy); the median step time is reported.
+
+Model FLOPs per step = 3 x forward FLOPs (backward = 2 x forward), forward FLOPs per token =
+2 x (matmul parameters, LM head included) + 4 x layers x T x heads x head_dim (scores and
+attention-weighted values over the full T x T, as both implementations compute them).
+MFU = model FLOP/s / the best FLOP/s of a large float32 matmul (jnp.dot and torch.matmul, measured
+in the same run).
+
+    python benchmarks/model.py [--layers 30] [--batch 8] [--seq 128] [--repeats 5] [--out benchmarks/results/model.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+from jaxppo.models import CausalLM, LMConfig
+
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0,
+                    rms_norm_eps=1e-5, max_position_embeddings=8192)
+
+
+def model_flops(cfg: LMConfig, batch: int, seq: int) -> float:
+    """Forward+backward FLOPs of one step (see the module docstring)."""
+    d, h, k, hd, f, v, layers = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                 cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers)
+    matmul_params = layers * (d * (h + 2 * k) * hd + h * hd * d + 3 * d * f) + d * v
+    fwd_per_token = 2 * matmul_params + 4 * layers * seq * h * hd
+    return 3.0 * fwd_per_token * batch * seq
+
+
+def jax_step_fn(model: CausalLM):
+    graphdef, params = nnx.split(model)
+
+    def loss_fn(params, ids, mask):
+        logits = nnx.merge(graphdef, params)(ids, mask)[:, :-1]
+        tgt = jnp.take_along_axis(logits, ids[:, 1:, None], axis=-1)[..., 0]
+        nll = jax.nn.logsumexp(logits, axis=-1) - tgt
+        return jnp.mean(nll)
+
+    step = jax.jit(jax.value_and_grad(loss_fn))
+    return step, params
+
+
+def torch_model(cfg: LMConfig):
+    import transformers
+    hf = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items() if k not in ("architectures", "dtype")})
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(hf).float().train()
+
+
+def time_call(fn, n: int = 1) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def matmul_rates(n: int, repeats: int) -> dict[str, float]:
+    """Best FLOP/s of an n x n float32 matmul in JAX and in torch."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    mm = jax.jit(jnp.dot)
+    mm(a, b).block_until_ready()
+    ta, tb = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(ta, tb)
+    flops = 2.0 * n ** 3
+    jt = min(time_call(lambda: mm(a, b).block_until_ready()) for _ in range(repeats))
+    tt = min(time_call(lambda: torch.matmul(ta, tb)) for _ in range(repeats))
+    return {"jax": flops / jt, "torch": flops / tt}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--matmul", type=int, default=2048)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "model.json"))
+    args = ap.parse_args(argv)
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+
+    cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": args.layers})
+    rng = np.random.default_rng(0)
+    ids_np = rng.integers(0, cfg.vocab_size, size=(args.batch, args.seq)).astype(np.int64)
+    mask_np = np.ones_like(ids_np)
+
+    model = CausalLM(cfg, rngs=nnx.Rngs(0))
+    step, params = jax_step_fn(model)
+    ids, mask = jnp.asarray(ids_np, jnp.int32), jnp.asarray(mask_np, jnp.int32)
+    t0 = time.perf_counter()
+    jax.block_until_ready(step(params, ids, mask))
+    jax_compile = time.perf_counter() - t0
+
+    tm = torch_model(cfg)
+    tids, tmask = torch.tensor(ids_np), torch.tensor(mask_np)
+
+    def torch_step():
+        tm.zero_grad(set_to_none=True)
+        out = tm(input_ids=tids, attention_mask=tmask, labels=tids)
+        out.loss.backward()
+        return out.loss
+
+    torch_step()  # warm-up
+    jax_times, torch_times = [], []
+    for _ in range(args.repeats):
+        jax_times.append(time_call(lambda: jax.block_until_ready(step(params, ids, mask))))
+        torch_times.append(time_call(torch_step))
+    rates = matmul_rates(args.matmul, max(3, args.repeats))
+
+    flops = model_flops(cfg, args.batch, args.seq)
+    tokens = args.batch * args.seq
+    peak = max(rates.values())
+    res = {"config": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
+                      "kv_heads": cfg.num_key_value_heads, "mlp": cfg.intermediate_size, "vocab": cfg.vocab_size,
+                      "batch": args.batch, "seq": args.seq, "dtype": "float32"},
+           "machine": {"cpus": threads, "platform": platform.platform(), "jax": jax.__version__,
+                       "torch": torch.__version__, "loadavg_1m": os.getloadavg()[0]},
+           "model_flops_per_step": flops}
+    for name, times in (("jax", jax_times), ("torch", torch_times)):
+        t = statistics.median(times)
+        res[name] = {"step_s_median": t, "step_s_all": times, "tokens_per_s": tokens / t,
+                     "model_flops_per_s": flops / t, "mfu_vs_best_matmul": flops / t / peak}
+    res["jax"]["compile_s"] = jax_compile
+    res["matmul"] = {"n": args.matmul, "jax_flops_per_s": rates["jax"], "torch_flops_per_s": rates["torch"]}
+    res["speedup_jax_over_torch"] = res["jax"]["tokens_per_s"] / res["torch"]["tokens_per_s"]
+    res["goals"] = {"speedup_ge_1.3": res["speedup_jax_over_torch"] >= 1.3,
+                    "mfu_ge_0.5": res["jax"]["mfu_vs_best_matmul"] >= 0.5}
+
+    print(f"\nfwd+bwd, {cfg.num_hidden_layers} layers d={cfg.hidden_size} V={cfg.vocab_size}, batch {args.batch}x"
+          f"{args.seq} float32, {threads} CPU threads (load avg {res['machine']['loadavg_1m']:.1f})")
+    print(f"{'impl':<22}{'step s (median)':>16}{'tokens/s':>12}{'GFLOP/s':>10}{'MFU':>8}")
+    for name, label in (("jax", "jaxppo (JAX/Flax NNX)"), ("torch", "transformers (torch)")):
+        r = res[name]
+        print(f"{label:<22}{r['step_s_median']:>16.3f}{r['tokens_per_s']:>12.0f}{r['model_flops_per_s'] / 1e9:>10.1f}"
+              f"{r['mfu_vs_best_matmul']:>8.1%}")
+    print(f"{'matmul ' + str(args.matmul) + ' jax':<22}{'':>16}{'':>12}{rates['jax'] / 1e9:>10.1f}")
+    print(f"{'matmul ' + str(args.matmul) + ' torch':<22}{'':>16}{'':>12}{rates['torch'] / 1e9:>10.1f}")
+    print(f"speed-up JAX / torch: {res['speedup_jax_over_torch']:.2f}x   (JAX compile {jax_compile:.1f}s)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
