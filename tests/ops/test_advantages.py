@@ -41,29 +41,18 @@ class GaeTest(chex.TestCase):
         np.testing.assert_allclose(ret, [[4.75, 9.0, 1.0, 10.0]], atol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_matches_reference_all_formulations(self):
+    def test_matches_reference_on_holed_and_prefix_masks(self):
         _, m, x = random_inputs(seed=1, b=6, t=11)
         r, v = x(), x()
-        want_adv, want_ret = ref.gae(r, v, m, 0.97, 0.9)
-        for name, fn in VARIANTS.items():
-            adv, ret = self.variant(fn)(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), 0.97, 0.9)
-            np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5, err_msg=name)
-            np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5, err_msg=name)
-        # a fully masked row has zero advantages and returns == values
-        np.testing.assert_allclose(want_adv[0], 0.0)
-
-    @chex.variants(with_jit=True, without_jit=True)
-    def test_prefix_masks_match_reference(self):
-        rng = np.random.default_rng(21)
-        r, v = (rng.normal(size=(6, 10)).astype(np.float32) for _ in range(2))
-        lengths = np.array([0, 10, 1, 4, 9, 5])  # empty, full, and right-padded rows
-        m = (np.arange(10)[None, :] < lengths[:, None]).astype(np.float32)
-        for gamma, lam in ((0.99, 0.95), (0.0, 0.7)):  # hypothesis covers the rest of [0, 1]^2
-            want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
-            for name, fn in PREFIX_VARIANTS.items():
-                adv, ret = self.variant(fn)(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), gamma, lam)
-                np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5, err_msg=f"{name} {gamma} {lam}")
-                np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5, err_msg=name)
+        prefix = (np.arange(11)[None, :] < np.array([0, 11, 1, 4, 9, 5])[:, None]).astype(np.float32)
+        fn = self.variant(gae)
+        for mask in (m, prefix):  # lax.scan path and matmul path
+            for gamma, lam in ((0.97, 0.9), (0.0, 0.7)):
+                want_adv, want_ret = ref.gae(r, v, mask, gamma, lam)
+                adv, ret = fn(jnp.asarray(r), jnp.asarray(v), jnp.asarray(mask), gamma, lam)
+                np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ref.gae(r, v, m, 0.9, 0.9)[0][0], 0.0)  # a fully masked row: adv 0
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_gradient_matches_finite_differences(self):
@@ -90,6 +79,18 @@ class GaeTest(chex.TestCase):
                 args_m[which][idx] -= eps
                 fd[idx] = (ref_objective(*args_p) - ref_objective(*args_m)) / (2 * eps)
             np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4)
+
+
+def test_all_formulations_match_reference():
+    _, m, x = random_inputs(seed=1, b=6, t=11)
+    r, v = x(), x()
+    prefix = (np.arange(11)[None, :] < np.array([0, 11, 1, 4, 9, 5])[:, None]).astype(np.float32)
+    for mask, variants in ((m, VARIANTS), (prefix, {**VARIANTS, **PREFIX_VARIANTS})):
+        want_adv, want_ret = ref.gae(r, v, mask, 0.97, 0.9)
+        for name, fn in variants.items():
+            adv, ret = jax.jit(fn)(r, v, mask, 0.97, 0.9)
+            np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 _T = 8

@@ -78,14 +78,14 @@ class PolicyLossTest(chex.TestCase):
         logp[1, 0] = 30.0  # log-ratio clamp at +20
         w_tok = np.abs(x())
         w_seq = np.abs(x())[:, :1]
-        for agg in AGG_MODES:
-            for weights in (None, w_tok, w_seq):
-                fn = self.variant(functools.partial(policy_loss, clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg))
-                loss, metrics = fn(logp, old, adv, m, weights=weights)
-                want, want_m = ref.policy_loss(logp, old, adv, m, 0.2, 0.28, 3.0, agg, weights)
-                np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-5, err_msg=agg)
-                for k, v in want_m.items():
-                    np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        cases = [(agg, None) for agg in AGG_MODES] + [("token-mean", w_tok), ("seq-mean-token-mean", w_seq)]
+        for agg, weights in cases:
+            fn = self.variant(functools.partial(policy_loss, clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg))
+            loss, metrics = fn(logp, old, adv, m, weights=weights)
+            want, want_m = ref.policy_loss(logp, old, adv, m, 0.2, 0.28, 3.0, agg, weights)
+            np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-5, err_msg=agg)
+            for k, v in want_m.items():
+                np.testing.assert_allclose(metrics[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_gradient(self):
