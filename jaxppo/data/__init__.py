@@ -5,6 +5,24 @@ Typical use::
     loaded = load_rows(cfg.data)                     # validated rows + DataReport
     arrays = tokenize_rows(loaded, tokenizer, cfg.data)  # dict of numpy arrays, fixed shapes
     loaded.report.emit()                             # print + log every skip/truncation counter
+
+Scored trajectories with behaviour log-probs (logged, or computed once by the reference model and
+cached)::
+
+    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=path, reference=model)
+
+Held-out prompts (for evaluation, perplexity guards, reward-model accuracy): split **by group** so
+that no prompt group is on both sides. ``group_id`` is the data's group column, or the prompt text
+when there is none (a collected dataset's ``group_id`` is the prompt's number), so all N responses
+to one prompt land on the same side::
+
+    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
+    train = {k: v[train_rows] for k, v in arrays.items()}
+    heldout = {k: v[eval_rows] for k, v in arrays.items()}
+
+For preference pairs, split by the prompt text (``[pair.prompt for pair in loaded.rows]`` mapped
+through ``arrays["index"]``), as ``jaxppo.rewards.model_training`` does. The split is deterministic
+in ``(keys, eval_fraction, seed)``.
 """
 
 from jaxppo.data.behaviour import (compute_behaviour_logprobs, fill_behaviour_logprobs, load_scored_arrays,

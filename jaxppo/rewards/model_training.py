@@ -1,0 +1,240 @@
+"""Bradley-Terry reward-model training on preference pairs.
+
+Model: ``jaxppo.models.RewardModel`` (the LM trunk plus a scalar head read at the last real token)
+scores ``r = RM(concat(prompt, response))``. For a pair (chosen ``c``, rejected ``j``)::
+
+    P(c ≻ j) = σ(r_c − r_j),   loss = mean_i w_i · (−log σ(r_c,i − r_j,i)) / mean_i w_i
+
+(``−log σ(d) = softplus(−d)``), with ``w_i`` = 0 for padding rows of the last batch. Accuracy is
+the share of pairs with ``r_c > r_j``. The split into train and held-out pairs is **by prompt**
+(no prompt on both sides), the optimizer optax AdamW with gradient clipping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxppo.data.pipeline import load_rows, split_by_group, tokenize_rows
+from jaxppo.data.report import DataReport
+from jaxppo.rewards.model_io import save_reward_model
+
+logger = logging.getLogger("jaxppo.rewards")
+
+
+def bradley_terry_loss(r_chosen: jax.Array, r_rejected: jax.Array,
+                       weights: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``Σ w·softplus(r_j − r_c) / Σ w`` and metrics ``accuracy`` (share with ``r_c > r_j``), ``margin``
+    (mean ``r_c − r_j``), all weighted by ``weights`` [B] (default 1)."""
+    d = (r_chosen - r_rejected).astype(jnp.float32)
+    w = jnp.ones_like(d) if weights is None else weights.astype(jnp.float32)
+    denom = jnp.maximum(w.sum(), 1e-12)
+    loss = (w * jax.nn.softplus(-d)).sum() / denom
+    return loss, {"loss": loss, "accuracy": (w * (d > 0)).sum() / denom, "margin": (w * d).sum() / denom}
+
+
+def pair_inputs(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """``(input_ids, attention_mask)`` [2B, P+R]: the B chosen sequences, then the B rejected ones."""
+    ids = jnp.concatenate([
+        jnp.concatenate([batch["prompt_ids"], batch["chosen_ids"]], 1),
+        jnp.concatenate([batch["prompt_ids"], batch["rejected_ids"]], 1)], 0)
+    mask = jnp.concatenate([
+        jnp.concatenate([batch["prompt_mask"], batch["chosen_mask"]], 1),
+        jnp.concatenate([batch["prompt_mask"], batch["rejected_mask"]], 1)], 0)
+    return ids, mask
+
+
+def pair_scores(model: Callable, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """``(r_chosen [B], r_rejected [B])`` in one forward pass."""
+    ids, mask = pair_inputs(batch)
+    r = model(ids, mask)
+    b = batch["prompt_ids"].shape[0]
+    return r[:b], r[b:]
+
+
+def make_optimizer(reward_cfg: Any, total_steps: int) -> optax.GradientTransformation:
+    """AdamW (``reward.lr``, ``reward.weight_decay``) after global-norm clipping (``reward.grad_clip``);
+    linear warmup over ``reward.warmup_steps`` then constant or cosine decay to 0."""
+    warm = min(reward_cfg.warmup_steps, max(total_steps - 1, 0))
+    if reward_cfg.schedule == "cosine":
+        sched = optax.warmup_cosine_decay_schedule(0.0 if warm else reward_cfg.lr, reward_cfg.lr, warm,
+                                                   max(total_steps, warm + 1), end_value=0.0)
+    elif warm:
+        sched = optax.join_schedules([optax.linear_schedule(0.0, reward_cfg.lr, warm),
+                                      optax.constant_schedule(reward_cfg.lr)], [warm])
+    else:
+        sched = optax.constant_schedule(reward_cfg.lr)
+    return optax.chain(optax.clip_by_global_norm(reward_cfg.grad_clip),
+                       optax.adamw(sched, weight_decay=reward_cfg.weight_decay))
+
+
+def make_train_step(graphdef: Any, tx: optax.GradientTransformation):
+    """Jitted ``(params, opt_state, batch) -> (params, opt_state, metrics)`` (params/opt_state donated)."""
+
+    def loss_fn(params, batch):
+        rc, rj = pair_scores(nnx.merge(graphdef, params), batch)
+        return bradley_terry_loss(rc, rj, batch["weight"])
+
+    def step(params, opt_state, batch):
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return params, opt_state, metrics
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def iterate_batches(arrays: dict[str, np.ndarray], rows: np.ndarray, batch_size: int):
+    """Batches of ``batch_size`` rows (the last one padded with weight-0 copies of row ``rows[0]``)."""
+    keys = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask")
+    for s in range(0, len(rows), batch_size):
+        idx = rows[s:s + batch_size]
+        n = len(idx)
+        pad = np.concatenate([idx, np.full(batch_size - n, rows[0], dtype=idx.dtype)])
+        batch = {k: arrays[k][pad] for k in keys}
+        batch["weight"] = (np.arange(batch_size) < n).astype(np.float32)
+        yield batch
+
+
+def make_eval_step(graphdef: Any):
+    """Jitted ``(params, batch) -> (weighted metric sums, weight sum)`` for :func:`evaluate` (compiled once)."""
+
+    @jax.jit
+    def sums(params, batch):
+        rc, rj = pair_scores(nnx.merge(graphdef, params), batch)
+        _, m = bradley_terry_loss(rc, rj, batch["weight"])
+        w = batch["weight"].sum()
+        return {k: v * w for k, v in m.items()}, w
+
+    return sums
+
+
+def evaluate(eval_step: Callable, params: Any, arrays: dict[str, np.ndarray], rows: np.ndarray,
+             batch_size: int) -> dict[str, float]:
+    """Held-out ``loss``, ``accuracy`` and ``margin`` over ``rows`` (each pair counted once);
+    ``eval_step`` from :func:`make_eval_step`."""
+    if len(rows) == 0:
+        return {"loss": float("nan"), "accuracy": float("nan"), "margin": float("nan")}
+    tot, n = {}, 0.0
+    for batch in iterate_batches(arrays, rows, min(batch_size, len(rows))):
+        s, w = eval_step(params, batch)
+        for k, v in s.items():
+            tot[k] = tot.get(k, 0.0) + float(v)
+        n += float(w)
+    return {k: v / n for k, v in tot.items()}
+
+
+def length_baseline_accuracy(arrays: dict[str, np.ndarray], rows: np.ndarray) -> float:
+    """Share of ``rows`` where the chosen response has fewer tokens (ties count ½): a trivial baseline."""
+    lc = arrays["chosen_mask"][rows].sum(1)
+    lr = arrays["rejected_mask"][rows].sum(1)
+    return float(np.mean((lc < lr) + 0.5 * (lc == lr))) if len(rows) else float("nan")
+
+
+@dataclasses.dataclass
+class TrainResult:
+    metrics: dict[str, Any]
+    model: Any
+    report: DataReport
+
+
+def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress: bool = False,
+                       resolve_path: Callable[[str], str] = str) -> TrainResult:
+    """Train a Bradley-Terry reward model as configured by ``cfg`` (a ``jaxppo.config.Config``).
+
+    Uses ``cfg.model.path`` (trunk), ``cfg.data`` (preference pairs, lengths, ``eval_fraction``
+    held out by prompt, ``seed``), ``cfg.reward`` (lr, epochs, batch size, ...) and
+    ``cfg.trainer.seed``. With ``out_dir`` writes the reward-model folder (see
+    :mod:`jaxppo.rewards.model_io`) and ``metrics.json`` there.
+    """
+    from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.models import RewardModel
+
+    t0 = time.perf_counter()
+    if cfg.data.schema != "preference":
+        raise ValueError(f"reward-model training needs data.schema=preference, got {cfg.data.schema!r}")
+    model_path = resolve_path(cfg.model.path)
+    tok_path = resolve_path(cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
+    tokenizer = load_tokenizer(tok_path)
+    loaded = load_rows(cfg.data)
+    arrays = tokenize_rows(loaded, tokenizer, cfg.data)
+    report = loaded.report
+    by_index = {p.index: p.prompt for p in loaded.rows}
+    prompts = [by_index[int(i)] for i in arrays["index"]]
+    train_rows, eval_rows = split_by_group(prompts, cfg.data.eval_fraction, cfg.data.seed)
+    if len(train_rows) == 0:
+        raise ValueError("no training pairs left after the by-prompt split; lower data.eval_fraction")
+    report.emit(print if progress else None)
+
+    lm = load_pretrained(model_path)
+    model = RewardModel.from_lm(lm, rngs=nnx.Rngs(cfg.trainer.seed))
+    del lm
+    graphdef, params = nnx.split(model)
+    bs = min(cfg.reward.batch_size, len(train_rows))
+    steps_per_epoch = -(-len(train_rows) // bs)
+    tx = make_optimizer(cfg.reward, steps_per_epoch * cfg.reward.epochs)
+    opt_state = tx.init(params)
+    step = make_train_step(graphdef, tx)
+    ev_bs = cfg.reward.eval_batch_size
+    eval_step = make_eval_step(graphdef)
+
+    init_eval = evaluate(eval_step, params, arrays, eval_rows, ev_bs)
+    history = []
+    rng = np.random.default_rng(cfg.trainer.seed)
+    t_train = time.perf_counter()
+    n_steps = 0
+    for epoch in range(cfg.reward.epochs):
+        order = rng.permutation(train_rows)
+        ep = {"loss": 0.0, "accuracy": 0.0}
+        for batch in iterate_batches(arrays, order, bs):
+            params, opt_state, m = step(params, opt_state, batch)
+            n_steps += 1
+            w = float(batch["weight"].sum())
+            ep["loss"] += float(m["loss"]) * w
+            ep["accuracy"] += float(m["accuracy"]) * w
+        ev = evaluate(eval_step, params, arrays, eval_rows, ev_bs)
+        rec = {"epoch": epoch + 1, "train/loss": ep["loss"] / len(train_rows),
+               "train/accuracy": ep["accuracy"] / len(train_rows),
+               **{f"eval/{k}": v for k, v in ev.items()}}
+        history.append(rec)
+        msg = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items())
+        logger.info(msg)
+        if progress:
+            print(msg, flush=True)
+    train_s = time.perf_counter() - t_train
+    model = nnx.merge(graphdef, params)
+    last = history[-1]
+    metrics: dict[str, Any] = {
+        "eval/accuracy": last["eval/accuracy"], "eval/loss": last["eval/loss"], "eval/margin": last["eval/margin"],
+        "eval/accuracy_init": init_eval["accuracy"],
+        "eval/length_baseline_accuracy": length_baseline_accuracy(arrays, eval_rows),
+        "train/loss": last["train/loss"], "train/accuracy": last["train/accuracy"],
+        "n_pairs": int(len(arrays["index"])), "n_train_pairs": int(len(train_rows)),
+        "n_eval_pairs": int(len(eval_rows)),
+        "n_train_prompts": len({prompts[i] for i in train_rows}), "n_eval_prompts": len({prompts[i] for i in eval_rows}),
+        "epochs": cfg.reward.epochs, "steps": n_steps,
+        "time/train_s": train_s, "time/total_s": time.perf_counter() - t0,
+        **report.flat_metrics(), "data_report": report.to_dict(), "history": history,
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_reward_model(model, out, tokenizer=tokenizer, meta={
+            "base_model": cfg.model.path, "max_prompt_length": cfg.data.max_prompt_length,
+            "max_response_length": cfg.data.max_response_length, "truncation": cfg.data.truncation,
+            "chat_template": cfg.data.chat_template})
+        metrics["model_dir"] = str(out)
+        metrics["time/total_s"] = time.perf_counter() - t0
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    return TrainResult(metrics=metrics, model=model, report=report)

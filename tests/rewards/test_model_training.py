@@ -1,0 +1,240 @@
+"""Bradley-Terry reward model: the loss by hand, a tiny training run that must learn, save/load, CLI."""
+
+import json
+import math
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxppo.config import load_config
+from jaxppo.rewards.model_training import bradley_terry_loss, iterate_batches, pair_inputs
+
+
+def _softplus(x):
+    return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
+
+
+# ----------------------------------------------------------------------------- the loss
+
+class TestBradleyTerryLoss(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_hand_computed(self):
+        f = self.variant(bradley_terry_loss)
+        loss, m = f(jnp.array([1.0, 0.0, -2.0]), jnp.array([0.0, 0.0, 1.0]))
+        # d = r_c - r_j = [1, 0, -3]; -log sigma(d) = [log(1+e^-1), log 2, log(1+e^3)]
+        want = (math.log(1 + math.exp(-1)) + math.log(2) + math.log(1 + math.exp(3))) / 3
+        np.testing.assert_allclose(loss, want, rtol=1e-6)
+        np.testing.assert_allclose(m["accuracy"], 1 / 3, rtol=1e-6)  # only d=1 counts (d=0 is no win)
+        np.testing.assert_allclose(m["margin"], (1 + 0 - 3) / 3, rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_weights_drop_padding_rows(self):
+        f = self.variant(bradley_terry_loss)
+        loss, m = f(jnp.array([2.0, -5.0]), jnp.array([0.0, 5.0]), jnp.array([1.0, 0.0]))
+        np.testing.assert_allclose(loss, math.log(1 + math.exp(-2)), rtol=1e-6)
+        np.testing.assert_allclose(m["accuracy"], 1.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_gradient_is_minus_sigmoid_of_minus_margin(self):
+        # d/d r_c of softplus(r_j - r_c) = -sigmoid(r_j - r_c), divided by the batch size
+        g = self.variant(jax.grad(lambda rc, rj: bradley_terry_loss(rc, rj)[0]))
+        rc, rj = jnp.array([0.5, -1.0]), jnp.array([0.0, 1.0])
+        want = -1 / (1 + np.exp(-(np.array(rj) - np.array(rc)))) / 2
+        np.testing.assert_allclose(g(rc, rj), want, rtol=1e-5)
+
+
+@given(st.lists(st.tuples(st.floats(-30, 30), st.floats(-30, 30), st.floats(0.1, 3.0)), min_size=1, max_size=12))
+def test_loss_matches_a_plain_python_reference(rows):
+    rc, rj, w = (np.array(x, np.float32) for x in zip(*rows))
+    loss, m = bradley_terry_loss(jnp.asarray(rc), jnp.asarray(rj), jnp.asarray(w))
+    d = rc.astype(np.float64) - rj
+    want = sum(wi * _softplus(-di) for wi, di in zip(w, d)) / w.sum()
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(m["accuracy"]), float((w * (d > 0)).sum() / w.sum()), atol=1e-6)
+    # swapping chosen and rejected: softplus(-d) - softplus(d) = -d
+    loss_sw, _ = bradley_terry_loss(jnp.asarray(rj), jnp.asarray(rc), jnp.asarray(w))
+    np.testing.assert_allclose(float(loss) - float(loss_sw), -(w * d).sum() / w.sum(), rtol=1e-4, atol=1e-4)
+
+
+def test_pair_inputs_and_batches():
+    arrays = {"prompt_ids": np.array([[0, 7], [8, 9], [6, 5]]), "prompt_mask": np.array([[0, 1], [1, 1], [1, 1]]),
+              "chosen_ids": np.array([[1], [2], [3]]), "chosen_mask": np.ones((3, 1), int),
+              "rejected_ids": np.array([[4], [5], [6]]), "rejected_mask": np.ones((3, 1), int)}
+    batches = list(iterate_batches(arrays, np.array([2, 0, 1]), 2))
+    assert [b["weight"].tolist() for b in batches] == [[1, 1], [1, 0]]
+    assert batches[1]["chosen_ids"][:, 0].tolist() == [2, 3]  # padding row = a copy of the first row (2)
+    ids, mask = pair_inputs({k: jnp.asarray(v) for k, v in batches[0].items()})
+    assert ids.tolist() == [[6, 5, 3], [0, 7, 1], [6, 5, 6], [0, 7, 4]]
+    assert mask.tolist() == [[1, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1]]
+
+
+# ----------------------------------------------------------------------------- a tiny real run
+
+WORDS = ["tree", "ball", "dog", "cat", "sun", "house", "car", "bird", "fish", "girl", "boy", "park"]
+
+
+def _synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
+    """Chosen answers contain the word 'happy' (at a random place among 3 random words); rejected
+    answers are 4 other random words, so a fresh head scores the two sides at random."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        words = list(rng.choice(WORDS, size=3))
+        pos = int(rng.integers(0, 4))
+        rows.append({"prompt": f"Story {i}: the {words[0]} and the {words[1]}",
+                     "chosen": " " + " ".join(words[:pos] + ["happy"] + words[pos:]),
+                     "rejected": " " + " ".join(rng.choice(WORDS, size=4))})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(shared_dir, tmp_path_factory):
+    """One short training run shared by the tests below: (config file, output dir, TrainResult)."""
+    from jaxppo.rewards.model_training import train_reward_model
+
+    root = tmp_path_factory.mktemp("rm")
+    rows = _synthetic_pairs(96)
+    bad = [{"prompt": "p", "chosen": "same", "rejected": "same"},  # identical_pair
+           {"prompt": "p", "chosen": "x"},  # missing_field
+           {"prompt": "p", "chosen": 3, "rejected": "y"}]  # not_a_string
+    data = root / "pairs.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows + bad) + "\n", encoding="utf-8")
+    cfg_file = root / "rm.yaml"
+    cfg_file.write_text(
+        f"model: {{path: {shared_dir / 'models' / 'stories260K'}}}\n"
+        f"data: {{path: {data}, schema: preference, max_prompt_length: 12, max_response_length: 12,"
+        f" eval_fraction: 0.25, seed: 1}}\n"
+        "reward: {lr: 0.01, epochs: 6, batch_size: 24, eval_batch_size: 32, warmup_steps: 2}\n"
+        "trainer: {seed: 0, progress: false}\n", encoding="utf-8")
+    out = root / "out"
+    result = train_reward_model(load_config(str(cfg_file)), out_dir=out)
+    return cfg_file, out, result
+
+
+def test_training_learns_an_easy_signal_and_writes_metrics(trained):
+    _, out, result = trained
+    m = json.loads((out / "metrics.json").read_text())
+    assert m == json.loads(json.dumps(result.metrics))
+    assert m["eval/accuracy"] > 0.9, m["history"]
+    assert m["eval/accuracy_init"] < 0.8  # the fresh head did not already know it
+    assert m["n_eval_pairs"] == 24 and m["n_train_pairs"] == 72  # 25% of the 96 distinct prompts
+    assert m["data/rows_seen"] == 99 and m["data/rows_kept"] == 96
+    for reason in ("identical_pair", "missing_field", "not_a_string"):
+        assert m[f"data/skipped/{reason}"] == 1
+    assert m["history"][-1]["eval/accuracy"] == m["eval/accuracy"]
+    assert m["train/loss"] < math.log(2)
+
+
+def test_folder_is_safetensors_and_json_only(trained):
+    _, out, _ = trained
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "reward_model.safetensors", "reward_config.json", "metrics.json"} <= names
+    assert not [n for n in names if n.endswith((".pkl", ".pickle", ".pt", ".bin", ".npy"))]
+    meta = json.loads((out / "reward_config.json").read_text())
+    assert meta["max_prompt_length"] == 12 and meta["max_response_length"] == 12
+
+
+def test_save_load_round_trip_gives_identical_scores(trained):
+    from jaxppo.hf import load_tokenizer
+    from jaxppo.rewards.model_io import load_reward_scorer, score_arrays, tokenize_pairs_for_scoring
+
+    cfg_file, out, result = trained
+    rows = _synthetic_pairs(10, seed=5)
+    prompts = [r["prompt"] for r in rows] * 2
+    responses = [r["chosen"] for r in rows] + [r["rejected"] for r in rows]
+    tok = load_tokenizer(load_config(str(cfg_file)).model.path)
+    t = tokenize_pairs_for_scoring(tok, prompts, responses, max_prompt_length=12, max_response_length=12)
+    direct = score_arrays(result.model, t["input_ids"], t["attention_mask"], batch_size=8)
+    loaded = load_reward_scorer(out, batch_size=16)(prompts, responses)
+    np.testing.assert_array_equal(loaded, direct)
+    assert (loaded[:10] > loaded[10:]).mean() > 0.9  # the loaded model also prefers 'happy'
+
+
+def test_registry_model_reward_uses_the_folder(trained):
+    from jaxppo.rewards import get_reward_fn
+
+    _, out, _ = trained
+    fn = get_reward_fn("model", path=str(out))
+    s = fn(["Story 1: the dog and the cat"] * 2, [" dog happy cat", " dog tree cat"])
+    assert s.dtype == np.float32 and s.shape == (2,) and s[0] > s[1]
+
+
+def test_cli_score_on_preference_and_scored_data(trained, tmp_path, capsys):
+    from jaxppo.reward import main
+
+    cfg_file, out, result = trained
+    assert main(["score", "--config", str(cfg_file), f"reward.model_path={out}",
+                 f"trainer.output_dir={tmp_path / 's1'}"]) == 0
+    m = json.loads((tmp_path / "s1" / "score_metrics.json").read_text())
+    assert m["n_pairs"] == 96 and m["accuracy"] > 0.9 and m["data/skipped/identical_pair"] == 1
+    assert len((tmp_path / "s1" / "scores.jsonl").read_text().splitlines()) == 96
+    assert "accuracy" in capsys.readouterr().out
+
+    scored = tmp_path / "scored.jsonl"
+    scored.write_text("\n".join(json.dumps({"prompt": "a tale", "response": r, "score": s})
+                                for r, s in [(" cat happy", 1.0), (" cat ball", 0.0), (" dog happy", 1.0),
+                                             (" dog park", 0.0), ("", 1.0)]) + "\n")
+    assert main(["score", "--config", str(cfg_file), f"reward.model_path={out}", f"data.path={scored}",
+                 "data.schema=scored", f"trainer.output_dir={tmp_path / 's2'}"]) == 0
+    m = json.loads((tmp_path / "s2" / "score_metrics.json").read_text())
+    assert m["n_rows"] == 4 and m["data/skipped/empty_text"] == 1
+    assert m["pearson_with_score"] > 0.5
+
+
+def test_cli_errors_are_clear(trained, tmp_path, capsys):
+    from jaxppo.reward import main
+
+    cfg_file, out, _ = trained
+    with pytest.raises(SystemExit) as e:
+        main(["score", "--config", str(cfg_file), "reward.lrr=1"])
+    assert e.value.code == 2 and "reward.lrr" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", "--config", str(cfg_file)])
+    assert e.value.code == 2 and "invalid choice: 'evaluate'" in capsys.readouterr().err
+    cases = [
+        (["score", f"trainer.output_dir={tmp_path}"], "reward.model_path is not set"),
+        (["score", f"reward.model_path={tmp_path}", f"trainer.output_dir={tmp_path}"], "is not a reward-model folder: config.json is missing"),
+        (["train", "data.schema=scored", f"trainer.output_dir={tmp_path}"], "needs data.schema=preference"),
+        (["train", f"model.path={tmp_path / 'nope'}", f"trainer.output_dir={tmp_path}"], "does not exist"),
+        (["train", f"data.path={tmp_path / 'nope.jsonl'}", f"trainer.output_dir={tmp_path}"], "data file not found"),
+    ]
+    for args, msg in cases:
+        assert main([args[0], "--config", str(cfg_file), *args[1:]]) == 2, args
+        err = capsys.readouterr().err
+        assert msg in err and "error" in err, (args, err)
+
+
+def test_broken_reward_model_folder_is_named(trained, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from jaxppo.rewards.model_io import load_reward_model
+
+    _, out, _ = trained
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("config.json", "reward_config.json"):
+        (bad / name).write_text((out / name).read_text())
+    t = load_file(str(out / "reward_model.safetensors"))
+    t.pop("score_head.kernel")
+    save_file(t, str(bad / "reward_model.safetensors"))
+    with pytest.raises(ValueError, match="missing: \\['score_head.kernel'\\]"):
+        load_reward_model(bad)
+    t = load_file(str(out / "reward_model.safetensors"))
+    t["score_head.kernel"] = np.zeros((3, 1), np.float32)
+    save_file(t, str(bad / "reward_model.safetensors"))
+    with pytest.raises(ValueError, match="score_head.kernel has shape \\(3, 1\\)"):
+        load_reward_model(bad)
+
+
+def test_module_runs_as_a_script_and_reports_usage():
+    r = subprocess.run([sys.executable, "-m", "jaxppo.reward", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "train" in r.stdout and "score" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "jaxppo.reward"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "required: command" in r.stderr
