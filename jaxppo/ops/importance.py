@@ -22,8 +22,6 @@ is 0), ``weight_mean``, ``weight_max``, ``clipped_frac`` (share of units whose w
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
