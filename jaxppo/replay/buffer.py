@@ -40,19 +40,24 @@ def _check_finite(name: str, x: Any) -> None:
         raise ValueError(f"replay {name} contains NaN or inf values")
 
 
-def _last_write_mask(indices: jax.Array) -> jax.Array:
-    """``keep[b]`` is True unless the same index appears again later in the batch (last write wins)."""
-    later_duplicate = jnp.triu(indices[:, None] == indices[None, :], k=1)
-    return ~jnp.any(later_duplicate, axis=1)
+def _last_writes(indices: jax.Array, stored: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Duplicates resolved: ``(indices, values, keep)`` in index order, where ``keep`` marks the LAST
+    occurrence in the batch of each index (a stable sort by index keeps batch order within a run, so
+    the run's end is the last write). ``O(B log B)``; cheaper on CPU than a ``[B, B]`` comparison."""
+    b = indices.shape[0]
+    sorted_idx, order = jax.lax.sort((indices, jnp.arange(b, dtype=jnp.int32)), num_keys=1, is_stable=True)
+    keep = jnp.concatenate([sorted_idx[:-1] != sorted_idx[1:], jnp.ones((1,), bool)])
+    return sorted_idx, stored[order], keep
 
 
 @jax.jit
 def _write_priorities(state: ReplayState, indices: jax.Array, stored: jax.Array) -> ReplayState:
-    indices = jnp.asarray(indices, jnp.int32)
-    valid = (indices >= 0) & (indices < state.size)
-    keep = _last_write_mask(indices) & valid
+    indices, stored, keep = _last_writes(jnp.asarray(indices, jnp.int32), stored)
+    keep = keep & (indices >= 0) & (indices < state.size)
     n = state.priorities.shape[0]
-    priorities = state.priorities.at[jnp.where(keep, indices, n)].set(stored, mode="drop")  # n: dropped
+    dropped = n + jnp.arange(indices.shape[0], dtype=jnp.int32)            # out of bounds: not written
+    priorities = state.priorities.at[jnp.where(keep, indices, dropped)].set(stored, mode="drop",
+                                                                           unique_indices=True)
     priorities = constrain(priorities, leading_sharding(state.mesh, 1))
     new_max = jnp.max(jnp.where(keep, stored, 0.0), initial=0.0)
     tree = tree_lib.refresh(state.tree, priorities, jnp.clip(indices, 0, n - 1), state.layout)

@@ -21,6 +21,9 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.replay import rng
 
 
 def _two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -37,7 +40,7 @@ def _below(x: jax.Array) -> jax.Array:
 def _prefix(rows: jax.Array) -> jax.Array:
     """Inclusive prefix sums along the last axis, as one matmul with an upper-triangular matrix."""
     f = rows.shape[-1]
-    tri = jnp.triu(jnp.ones((f, f), rows.dtype))
+    tri = np.triu(np.ones((f, f), np.float32))          # a compile-time constant, not rebuilt per call
     return jnp.matmul(rows, tri, precision=jax.lax.Precision.HIGHEST)
 
 
@@ -74,6 +77,13 @@ def _choose_rows(rows: jax.Array, hi: jax.Array, lo: jax.Array):
     return s, hi, lo
 
 
+def materialize(*xs: jax.Array):
+    """``optimization_barrier`` over ``xs``: keeps the shared tables/points from being fused into (and
+    recomputed by) the per-row consumers where XLA honours it. (Tried: forcing buffers with a scatter
+    or a 2-way reduction instead; no measurable gain on CPU, see benchmarks/README.md.)"""
+    return jax.lax.optimization_barrier(xs)
+
+
 def _top_tables(top_sums: jax.Array):
     """Shared by the whole batch: the top row's prefix and, per slot, the nearest positive slot at or
     after it (else the last positive one)."""
@@ -81,7 +91,11 @@ def _top_tables(top_sums: jax.Array):
     c = _prefix(top_sums[None, :])[0]
     t = jnp.arange(n, dtype=jnp.int32)
     positive = top_sums > 0
-    nxt = jnp.min(jnp.where(positive[None, :] & (t[None, :] >= t[:, None]), t[None, :], n), axis=1)
+    nxt = jnp.where(positive, t, n)
+    shift = 1
+    while shift < n:                        # reverse running minimum in log2(n) shifted mins
+        nxt = jnp.minimum(nxt, jnp.concatenate([nxt[shift:], jnp.full((shift,), n, jnp.int32)]))
+        shift *= 2
     last_positive = jnp.max(jnp.where(positive, t, -1))
     return c, jnp.where(nxt < n, nxt, last_positive)
 
@@ -94,21 +108,21 @@ def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], 
     ``nodes`` (``l = depth-1 .. 0``; ``l = 0`` are leaves). Returns ``(leaf indices [B] int32, T)``;
     ``T`` is the total the probabilities refer to. When ``T == 0`` the indices are meaningless.
     """
-    # optimization_barrier: materialise shared tables/points, so XLA does not fuse (and recompute per
+    # materialize: shared tables/points, so XLA does not fuse (and recompute per
     # gathered element) their producers into later gathers -- that alone costs ~50 us a call on CPU.
-    c_top, next_positive = jax.lax.optimization_barrier(_top_tables(top_sums))
+    c_top, next_positive = materialize(*_top_tables(top_sums))
     total = c_top[-1]
     j = jnp.arange(batch_size + 1, dtype=jnp.float32)
     bounds = (j * (total / batch_size)).at[-1].set(total)
     hi = bounds[:-1]
-    lo = jax.random.uniform(key, (batch_size,), jnp.float32) * (bounds[1:] - bounds[:-1])
-    hi, lo = jax.lax.optimization_barrier((hi, lo))
+    lo = rng.uniform(key, batch_size) * (bounds[1:] - bounds[:-1])          # == jax.random.uniform
+    hi, lo = materialize(hi, lo)
     s = jnp.searchsorted(c_top, hi + lo, side="right", method="scan_unrolled")
     node = next_positive[jnp.minimum(s, top_sums.shape[0] - 1)]
     mass = top_sums[node]
-    node, hi, lo = jax.lax.optimization_barrier((node, *_residual(hi, lo, c_top[node] - mass, mass)))
+    node, hi, lo = materialize(node, *_residual(hi, lo, c_top[node] - mass, mass))
     for l in range(depth - 1, -1, -1):
         rows = rows_of(l, node)
         child, hi, lo = _choose_rows(rows, hi, lo)
-        node, hi, lo = jax.lax.optimization_barrier((node * rows.shape[-1] + child, hi, lo))
+        node, hi, lo = materialize(node * rows.shape[-1] + child, hi, lo)
     return node, total
