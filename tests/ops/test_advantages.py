@@ -167,3 +167,22 @@ def test_bad_input(bad, match):
 def test_integer_rewards_rejected():
     with pytest.raises(TypeError, match="rewards"):
         gae(np.zeros((2, 3), np.int32), np.zeros((2, 3), np.float32), np.ones((2, 3)), 0.9, 0.9)
+
+
+def test_batch_sharded_over_eight_devices_matches_single_device():
+    devices = jax.devices()
+    if len(devices) < 8:
+        pytest.skip("needs 8 (simulated) devices; tests/conftest.py sets XLA_FLAGS for that")
+    mesh = jax.sharding.Mesh(np.array(devices[:8]), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None))
+    rng = np.random.default_rng(5)
+    r, v = (rng.normal(size=(8, 12)).astype(np.float32) for _ in range(2))
+    prefix = (np.arange(12)[None, :] < rng.integers(0, 13, size=8)[:, None]).astype(np.float32)
+    holes = prefix * (rng.random((8, 12)) > 0.3)
+    for m in (prefix, holes):
+        args = [jax.device_put(a, sharding) for a in (r, v, m)]
+        adv, ret = jax.jit(gae)(*args, 0.99, 0.95)
+        want_adv, want_ret = ref.gae(r, v, m, 0.99, 0.95)
+        np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5)
+        assert adv.sharding.is_equivalent_to(sharding, 2)
