@@ -56,29 +56,31 @@ class GaeTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_gradient_matches_finite_differences(self):
-        _, m, x = random_inputs(seed=2, b=4, t=5)
+        _, holes, x = random_inputs(seed=2, b=4, t=5)
         r, v, c = x(), x(), x()
+        prefix = (np.arange(5)[None, :] < np.array([0, 5, 2, 4])[:, None]).astype(np.float32)
+        for m in (holes, prefix):  # scan path and matmul path
 
-        def objective(r_, v_):
-            adv, ret = gae(r_, v_, m, 0.9, 0.8)
-            return jnp.sum(c * adv) + 0.5 * jnp.sum(c * ret)
+            def objective(r_, v_, m=m):
+                adv, ret = gae(r_, v_, m, 0.9, 0.8)
+                return jnp.sum(c * adv) + 0.5 * jnp.sum(c * ret)
 
-        g_r, g_v = self.variant(jax.grad(objective, argnums=(0, 1)))(jnp.asarray(r), jnp.asarray(v))
+            g_r, g_v = self.variant(jax.grad(objective, argnums=(0, 1)))(jnp.asarray(r), jnp.asarray(v))
 
-        def ref_objective(r_, v_):
-            adv, ret = ref.gae(r_, v_, m, 0.9, 0.8)
-            return float(np.sum(c * adv) + 0.5 * np.sum(c * ret))
+            def ref_objective(r_, v_, m=m):
+                adv, ret = ref.gae(r_, v_, m, 0.9, 0.8)
+                return float(np.sum(c * adv) + 0.5 * np.sum(c * ret))
 
-        eps = 1e-3
-        for grad, which in ((g_r, 0), (g_v, 1)):
-            fd = np.zeros(r.shape)
-            for idx in np.ndindex(*r.shape):
-                args_p = [r.astype(np.float64), v.astype(np.float64)]
-                args_m = [a.copy() for a in args_p]
-                args_p[which][idx] += eps
-                args_m[which][idx] -= eps
-                fd[idx] = (ref_objective(*args_p) - ref_objective(*args_m)) / (2 * eps)
-            np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4)
+            eps = 1e-3
+            for grad, which in ((g_r, 0), (g_v, 1)):
+                fd = np.zeros(r.shape)
+                for idx in np.ndindex(*r.shape):
+                    args_p = [r.astype(np.float64), v.astype(np.float64)]
+                    args_m = [a.copy() for a in args_p]
+                    args_p[which][idx] += eps
+                    args_m[which][idx] -= eps
+                    fd[idx] = (ref_objective(*args_p) - ref_objective(*args_m)) / (2 * eps)
+                np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4)
 
 
 def test_all_formulations_match_reference():
