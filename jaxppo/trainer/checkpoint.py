@@ -5,8 +5,8 @@ priorities, RNG key, KL coefficient, LR scale, counters, data cursor) and ``<dir
 step, guard state, config, data fingerprint). Orbax writes each step into a temporary directory and
 renames it when the write is complete, so ``latest_step()`` only ever sees complete checkpoints; a
 process killed mid-write leaves a temporary directory that is ignored (and cleaned up on the next
-start). Saves are asynchronous (device→host copy happens before ``save`` returns; the file writes
-run in the background). A state with any non-finite parameter is never written.
+start). Saves are asynchronous: ``save`` copies the state (the train step donates its buffers) and
+the files are written in the background. A state with any non-finite parameter is never written.
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ class Checkpointer:
         if not param_finite(state):
             logger.warning("step %d: not saving a checkpoint, the parameters contain NaN/inf", step)
             return False
-        self.manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+        # the next update step donates (reuses) the state's buffers while the write runs in the
+        # background, so the asynchronous save gets its own copy
+        snapshot = jax.tree.map(lambda x: x.copy(), state)
+        self.manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(snapshot),
                                                              meta=ocp.args.JsonSave(dict(meta, step=int(step)))),
                           force=True)
         return True
@@ -64,7 +67,10 @@ class Checkpointer:
                 f"cannot restore checkpoint step {step} from {self.directory}: {type(e).__name__}: {e}. "
                 "It was probably written by a run with another model/data/config; use another "
                 "trainer.output_dir or trainer.resume=never") from e
-        return out.state, dict(out.meta)
+        # re-materialise as jit outputs: arrays assembled by the restore are not reliably donatable
+        shardings = jax.tree.map(lambda x: x.sharding, like)
+        state = jax.jit(lambda t: jax.tree.map(lambda x: x.copy(), t), out_shardings=shardings)(out.state)
+        return state, dict(out.meta)
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

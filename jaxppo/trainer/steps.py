@@ -152,8 +152,12 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             (loss, (aux, prio)), g = grad_fn(params, x[0], x[1])
             return jax.tree.map(jnp.add, acc, g), (aux, prio)
 
-        gsum, (aux, prio) = jax.lax.scan(body, zero, xs)
-        grads = jax.tree.map(lambda g: g / n_micro, gsum)
+        if n_micro == 1:
+            (_, (aux, prio)), grads = grad_fn(params, items, w)
+            aux = jax.tree.map(lambda x: x[None], aux)
+        else:
+            gsum, (aux, prio) = jax.lax.scan(body, zero, xs)
+            grads = jax.tree.map(lambda g: g / n_micro, gsum)
         metrics = jax.tree.map(jnp.mean, aux)
         prio = prio.reshape(B)
 

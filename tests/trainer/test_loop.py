@@ -1,0 +1,108 @@
+"""The offline loop end to end: SIGKILL + resume equals an uninterrupted run, NaN rollback, reward gain."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.trainer.conftest import REPO, overrides_for_cli
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _deterministic(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("perf/")}
+
+
+def _cli(out: Path, stories_model, scored_data, cache: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+               JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    cmd = [sys.executable, "-m", "jaxppo.train", *overrides_for_cli(stories_model, scored_data, out, *extra)]
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_data, compile_cache):
+    extra = ("data.eval_fraction=0",)  # no held-out evaluation: only the training steps matter here
+    full = _cli(tmp_path / "full", stories_model, scored_data, compile_cache, *extra)
+    victim = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
+    ckpt = tmp_path / "victim" / "checkpoints" / "4"
+    deadline = time.time() + 240
+    while not ckpt.is_dir() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert victim.poll() is None, "the run ended before its first checkpoint:\n" + victim.communicate()[0][-3000:]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    killed_rows = _rows(tmp_path / "victim" / "metrics.jsonl")
+    resumed = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
+    out_r, out_f = resumed.communicate(timeout=300)[0], full.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out_r[-3000:]
+    assert full.returncode == 0, out_f[-3000:]
+    a = [_deterministic(r) for r in _rows(tmp_path / "full" / "metrics.jsonl")]
+    b = [_deterministic(r) for r in _rows(tmp_path / "victim" / "metrics.jsonl")]
+    assert [r["step"] for r in a] == list(range(1, 21))
+    assert [r["step"] for r in b] == list(range(1, 21))
+    for ra, rb in zip(a, b):
+        assert ra == rb, f"step {ra['step']} differs after resume"
+    sa = json.loads((tmp_path / "full" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "victim" / "summary.json").read_text())
+    assert sb["resumed_from"] >= 4 and sa["resumed_from"] == 0
+    assert len(killed_rows) >= 4
+
+
+def test_nan_updates_skipped_counted_and_rolled_back(make_cfg, tmp_path):
+    from jaxppo.trainer.loop import train
+    from jaxppo.trainer.setup import build_run
+
+    cfg = make_cfg("guards.max_nan_steps=3")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    st = dict(run.state.replay.storage)
+    st["score"] = st["score"].at[:].set(jnp.nan)  # every token reward, advantage and loss becomes NaN
+    run.state = run.state.replace(replay=run.state.replay.replace(storage=st))
+    initial = jax.tree.map(np.asarray, run.ref_params)
+    summary = train(cfg, run=run)
+    rows = _rows(tmp_path / "run" / "metrics.jsonl")
+    assert [r["train/nan_skipped"] for r in rows] == [1.0] * 20
+    assert rows[-1]["train/nan_total"] == 20.0 and summary["nan_skipped_total"] == 20
+    events = [e for e in _rows(tmp_path / "run" / "events.jsonl") if e["kind"] == "rollback"]
+    assert [e["step"] for e in events] == [3, 6, 9, 12, 15, 18]
+    final = jax.tree.map(np.asarray, run.state.actor)
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(initial), jax.tree.leaves(final)))
+    assert summary["eval/kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_heldout_reward_rises_with_is_and_per(make_cfg, tmp_path):
+    from jaxppo.trainer.loop import train
+    from jaxppo.trainer.setup import build_run
+
+    cfg = make_cfg("importance.enabled=true", "replay.sampling=prioritized", "trainer.save_hf=true",
+                   "trainer.plots=true", "trainer.eval_prompts=16")
+    summary = train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
+    out = tmp_path / "run"
+    assert summary["eval/reward_after"] > summary["eval/reward_before"]
+    lo, hi = summary["eval/reward_gain_ci95"]
+    assert lo > 0 and hi > lo
+    assert summary["eval/kl"] > 0
+    for p in ("metrics.jsonl", "summary.json", "hf/config.json", "hf/model.safetensors", "plots/reward.png"):
+        assert (out / p).is_file(), p
+    rows = _rows(out / "metrics.jsonl")
+    names = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss", "actor/kl_coef",
+             "actor/grad_norm", "actor/lr", "critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var",
+             "critic/score/mean", "response_length/mean", "is/ess", "is/weight_mean", "is/weight_max",
+             "is/clipped_frac", "replay/priority_mean", "replay/priority_max", "replay/beta",
+             "replay/sample_efficiency", "perf/throughput", "train/nan_skipped"}
+    assert names <= set(rows[0]), names - set(rows[0])
+    assert all(np.isfinite(r[k]) for r in rows for k in names)
