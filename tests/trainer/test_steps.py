@@ -69,3 +69,25 @@ def test_one_and_eight_devices_agree(make_cfg):
     for a, b in zip(m1, m8):
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=2e-3, abs=2e-5), (a["train/loss"], k)
+
+
+def test_ablation_switches_run_and_behave(make_cfg):
+    """Shared trunk, uniform sampling, IS off, PF-PPO best-of-n + batch reweighting, adaptive KL in reward."""
+    cfg = make_cfg("critic.share_trunk=true", "replay.sampling=uniform", "importance.enabled=false",
+                   "importance.level=sequence", "importance.mode=mask", "pf_ppo.enabled=true",
+                   "pf_ppo.filter=best_of_n", "pf_ppo.reweight_method=pow", "pf_ppo.weight_pow=1.0",
+                   "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                   "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.norm_adv=false")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    # best-of-n keeps one trajectory per prompt group: the others never get sampled
+    fw = np.asarray(run.state.replay.storage["filter_w"])
+    groups = run.train["group_id"]
+    assert fw[: len(groups)].sum() == len(np.unique(groups))
+    state, ms = _run_steps(run, 3)
+    for m in ms:
+        assert m["replay/beta"] == 0.0 and m["replay/per_weight_mean"] == 1.0   # uniform: no PER weights
+        assert m["is/ess"] > 0 and m["train/nan_skipped"] == 0.0
+    assert ms[-1]["algorithm/kl_coef"] != pytest.approx(0.05, abs=0)          # the adaptive controller moved
+    assert float(state.step) == 3
+    # uniform sampling never writes priorities: they are still the filter weights
+    np.testing.assert_array_equal(np.asarray(state.replay.priorities)[: fw.size], fw)
