@@ -40,26 +40,21 @@ def _check_finite(name: str, x: Any) -> None:
         raise ValueError(f"replay {name} contains NaN or inf values")
 
 
-def _last_writes(indices: jax.Array, stored: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Duplicates resolved: ``(indices, values, keep)`` in index order, where ``keep`` marks the LAST
-    occurrence in the batch of each index (a stable sort by index keeps batch order within a run, so
-    the run's end is the last write). ``O(B log B)``; cheaper on CPU than a ``[B, B]`` comparison."""
-    b = indices.shape[0]
-    sorted_idx, order = jax.lax.sort((indices, jnp.arange(b, dtype=jnp.int32)), num_keys=1, is_stable=True)
-    keep = jnp.concatenate([sorted_idx[:-1] != sorted_idx[1:], jnp.ones((1,), bool)])
-    return sorted_idx, stored[order], keep
-
-
 @jax.jit
 def _write_priorities(state: ReplayState, indices: jax.Array, stored: jax.Array) -> ReplayState:
-    indices, stored, keep = _last_writes(jnp.asarray(indices, jnp.int32), stored)
-    keep = keep & (indices >= 0) & (indices < state.size)
+    indices = jnp.asarray(indices, jnp.int32)
     n = state.priorities.shape[0]
-    dropped = n + jnp.arange(indices.shape[0], dtype=jnp.int32)            # out of bounds: not written
-    priorities = state.priorities.at[jnp.where(keep, indices, dropped)].set(stored, mode="drop",
-                                                                           unique_indices=True)
+    valid = (indices >= 0) & (indices < state.size)
+    target = jnp.where(valid, indices, n)                                     # n: out of bounds, dropped
+    # Duplicates: the LARGEST new value of a slot wins. Clear the slots, then scatter-max: both are
+    # order-independent, so the result is deterministic without sorting the batch.
+    # (``0·stored`` rather than a constant 0: the clearing scatter then depends on the new values,
+    # which orders every read of the old priorities before it, so XLA updates the donated buffer in
+    # place instead of copying it; the values are finite here, so this is exactly 0.)
+    priorities = state.priorities.at[target].set(0.0 * stored, mode="drop")
+    priorities = priorities.at[target].max(stored, mode="drop")
     priorities = constrain(priorities, leading_sharding(state.mesh, 1))
-    new_max = jnp.max(jnp.where(keep, stored, 0.0), initial=0.0)
+    new_max = jnp.max(jnp.where(valid, stored, 0.0), initial=0.0)
     tree = tree_lib.refresh(state.tree, priorities, jnp.clip(indices, 0, n - 1), state.layout)
     return state.replace(priorities=priorities, tree=constrain(tree, replicated_sharding(state.mesh)),
                          max_priority=jnp.maximum(state.max_priority, new_max))
@@ -107,7 +102,7 @@ def update_priorities(state: ReplayState, indices: jax.Array, td_abs: jax.Array)
     """Store ``p = (|δ| + ε)^α`` (rank-based: ``|δ| + ε``) for ``indices`` and update the running max.
 
     ``indices`` int ``[B]`` filled slots (from :func:`sample`), ``td_abs`` ``[B]`` the fresh ``|δ|`` of each.
-    Duplicate indices: the LAST occurrence in the batch wins (deterministic). Under ``jit``,
+    Duplicate indices: the LARGEST of their new priorities is stored (deterministic, order-free). Under ``jit``,
     indices outside ``0..size-1`` are ignored and non-finite ``|δ|`` get the running maximum; eager
     calls raise ``ValueError`` for both.
     """
@@ -123,7 +118,7 @@ def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array
     """Write STORED priorities directly (no ``ε``, no exponent): ``0`` switches an item off.
 
     Use it to mask or scale items by a filter (e.g. PF-PPO weights times the current priorities).
-    Values must be finite and ``>= 0``; duplicates: last occurrence wins; the running max is updated.
+    Values must be finite and ``>= 0``; duplicates: the largest value wins; the running max is updated.
     """
     b = _batch_len("indices", indices)
     if _batch_len("priorities", priorities) != b:
@@ -224,8 +219,7 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
         return layout.level(tree, l)[0].reshape(-1, f)[nodes]
 
     top = layout.level(tree, layout.depth)[0]
-    pos, total = stratified_descent(top, rows_of, layout.depth, key, batch_size)
-    m = leaves[pos]
+    pos, total, m = stratified_descent(top, rows_of, layout.depth, key, batch_size)
     indices = pos if state.prioritization == "proportional" else order[pos]
 
     ok = (total > 0) & (m > 0)

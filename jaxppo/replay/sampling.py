@@ -60,7 +60,8 @@ def _choose_rows(rows: jax.Array, hi: jax.Array, lo: jax.Array):
     the residual point ``hi + lo``; with exact arithmetic that is the child whose interval contains it,
     and it never has zero mass even when round-off makes the prefix non-monotone.
 
-    Returns ``(child [B], new hi, new lo)``, the residual now relative to the child's start.
+    Returns ``(child [B], new hi, new lo, mass of the child [B])``, the residual now relative to the
+    child's start.
     """
     f = rows.shape[-1]
     c = _prefix(rows)                                                  # [B, f]
@@ -74,14 +75,20 @@ def _choose_rows(rows: jax.Array, hi: jax.Array, lo: jax.Array):
     mass = jnp.sum(jnp.where(hit, rows, 0.0), axis=-1)
     end = jnp.sum(jnp.where(hit, c, 0.0), axis=-1)
     hi, lo = _residual(hi, lo, end - mass, mass)
-    return s, hi, lo
+    return s, hi, lo, mass
 
 
 def materialize(*xs: jax.Array):
-    """``optimization_barrier`` over ``xs``: keeps the shared tables/points from being fused into (and
-    recomputed by) the per-row consumers where XLA honours it. (Tried: forcing buffers with a scatter
-    or a 2-way reduction instead; no measurable gain on CPU, see benchmarks/README.md.)"""
-    return jax.lax.optimization_barrier(xs)
+    """Force ``xs`` (1-D) into buffers: each becomes the result of an exact 2-way max with ``-inf``
+    (int min), a reduction, which XLA:CPU does not fuse into its consumers. Without it XLA fuses
+    cheap producers (the unrolled hash, the residual arithmetic) into every consumer and recomputes
+    them per element of the ``[B, f]`` rows (measured: ~70 µs of a ~130 µs step at N=1k);
+    ``optimization_barrier`` does not prevent that on CPU (it is removed before fusion)."""
+    out = []
+    for x in xs:
+        low = jnp.full_like(x, -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min)
+        out.append(jnp.max(jnp.stack([x, low], axis=1), axis=1))
+    return tuple(out)
 
 
 def _top_tables(top_sums: jax.Array):
@@ -105,8 +112,9 @@ def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], 
     """Draw ``batch_size`` stratified leaves.
 
     ``top_sums`` ``[n_top]``; ``rows_of(l, nodes)`` the ``[B, fanout_l]`` child sums of the level-``l+1``
-    ``nodes`` (``l = depth-1 .. 0``; ``l = 0`` are leaves). Returns ``(leaf indices [B] int32, T)``;
-    ``T`` is the total the probabilities refer to. When ``T == 0`` the indices are meaningless.
+    ``nodes`` (``l = depth-1 .. 0``; ``l = 0`` are leaves). Returns ``(leaf indices [B] int32, T, leaf
+    values [B])``; ``T`` is the total the probabilities refer to (the leaf values are read from the rows
+    already gathered, so they cost no second random access). When ``T == 0`` the indices are meaningless.
     """
     # materialize: shared tables/points, so XLA does not fuse (and recompute per
     # gathered element) their producers into later gathers -- that alone costs ~50 us a call on CPU.
@@ -123,6 +131,6 @@ def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], 
     node, hi, lo = materialize(node, *_residual(hi, lo, c_top[node] - mass, mass))
     for l in range(depth - 1, -1, -1):
         rows = rows_of(l, node)
-        child, hi, lo = _choose_rows(rows, hi, lo)
+        child, hi, lo, mass = _choose_rows(rows, hi, lo)
         node, hi, lo = materialize(node * rows.shape[-1] + child, hi, lo)
-    return node, total
+    return node, total, mass

@@ -3,7 +3,7 @@
 The leaves (``priorities``, length ``top·Π fanouts``) are grouped into rows of ``fanouts[0]``; each row
 is one node of level 1, whose value is the row's sum (and, separately, the smallest positive value in
 the row, ``+inf`` if none). Level 2 groups level-1 nodes by ``fanouts[1]``, and so on up to the top
-level of ``top`` nodes. A few wide levels (fanout ≤ 128) instead of a binary tree keep the number of
+level of ``top`` nodes (≤ ~128). A few levels of fanout ≤ 16 instead of a binary tree keep the number of
 XLA operations per step small, which is what a step costs on CPU (``benchmarks/replay.py``).
 
 ``tree`` is float32 ``[2, M]``: row 0 the sums, row 1 the positive minima, of levels ``1..L``
@@ -20,7 +20,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-MAX_FANOUT_BITS = 5     # fanout <= 32 per lower level (a [B, f] x [f, f] prefix matmul per level)
+MAX_FANOUT_BITS = 4     # fanout <= 16 per lower level (a [B, f] x [f, f] prefix matmul per level);
+                        # measured on CPU: 8-16 wide levels beat 32 wide ones (benchmarks/README.md)
 TOP_BITS = 7            # top level of <= ~128 nodes (one shared row)
 
 
@@ -64,7 +65,7 @@ class TreeLayout:
 
 def auto_layout(capacity: int, shards: int = 1, leaf_fanout: int | None = None) -> TreeLayout:
     """Fanouts for ``capacity`` leaves: about ``log2(capacity) - 7`` bits spread evenly over levels of
-    at most 5 bits each, the top level taking the rest (≤ ~128 nodes, rounded up to a multiple of
+    at most ``MAX_FANOUT_BITS`` (4) bits each, the top level taking the rest (≤ ~128 nodes, rounded up to a multiple of
     ``shards`` so the leaves split evenly over the mesh). ``leaf_fanout`` (a power of two) overrides
     the leaf row size.
     """

@@ -71,10 +71,12 @@ class RefBuffer:
             self.size = min(self.size + 1, self.capacity)
 
     def update(self, indices, td) -> None:
-        for i, t in zip(indices, td):               # in order: the last write of a slot wins
-            self.p[i] = stored(t, self.alpha, self.eps, self.prio)
-        for i in set(int(i) for i in indices):      # running max over the values actually stored
-            self.max_p = max(self.max_p, self.p[i])
+        new = {}
+        for i, t in zip(indices, td):               # duplicates: the largest new value of a slot wins
+            new[int(i)] = max(new.get(int(i), -np.inf), stored(t, self.alpha, self.eps, self.prio))
+        for i, v in new.items():
+            self.p[i] = v
+            self.max_p = max(self.max_p, v)
 
     def probs(self) -> np.ndarray:
         return probs(self.p[:self.size], self.alpha, self.prio)
