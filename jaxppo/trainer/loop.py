@@ -27,13 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.config import to_dict
+from jaxppo.config import ConfigError, to_dict
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.setup import Run, build_run, load_window
 
 logger = logging.getLogger("jaxppo.trainer")
 
-ROLLBACK_FIELDS = ("actor", "actor_opt", "critic", "critic_opt", "replay", "kl_coef", "lr_scale")
+# restored by a rollback; the step counter, RNG, NaN counters and the guards' LR cut are kept
+ROLLBACK_FIELDS = ("actor", "actor_opt", "critic", "critic_opt", "replay", "kl_coef")
 
 
 def _eval_prompts(heldout: dict[str, np.ndarray], n_max: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +110,10 @@ def train(cfg: Any, *, run: Run | None = None) -> dict[str, Any]:
     guards = Guards(cfg.guards)
     start = 0
     latest = ckpt.latest_step() if tc.resume == "auto" else None
+    if tc.resume == "never" and ckpt.all_steps():
+        ckpt.close()
+        raise ConfigError(f"trainer.resume=never but {ckpt.directory} already holds checkpoints {ckpt.all_steps()}; "
+                          "use another trainer.output_dir, delete them, or resume with trainer.resume=auto")
     if latest is not None:
         state, meta = ckpt.restore(latest, state)
         guards = Guards.from_state_dict(cfg.guards, meta["guards"])

@@ -9,8 +9,8 @@ reads the actor's hidden states.
 
 Optimizers: ``clip_by_global_norm(grad_clip) -> adamw(schedule)``; the schedule is a linear warmup
 from 0 to ``lr`` over ``warmup_steps`` then ``constant`` / ``cosine`` / ``linear`` decay to
-``min_lr_ratio·lr`` at ``total_steps``. The guards' LR cut multiplies the update by ``lr_scale``
-(exactly a learning-rate change for adamw, whose update is ``-lr·(adam + wd·θ)``).
+``min_lr_ratio·lr`` at ``total_steps``. The guards' LR cut multiplies the actor's update by
+``lr_scale`` (exactly a learning-rate change for adamw, whose update is ``-lr·(adam + wd·θ)``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TrainState:
     replay: Any                # jaxppo.replay.ReplayState (storage = data + prepared arrays)
     rng: jax.Array             # base key; step keys are fold_in(rng, step)
     kl_coef: jax.Array         # in-reward KL coefficient β (KL-controller state)
-    lr_scale: jax.Array        # guard LR multiplier (1 = as configured)
+    lr_scale: jax.Array        # guard LR multiplier of the actor (1 = as configured)
     nan_total: jax.Array       # int32: updates skipped for a non-finite loss/gradient
     nan_streak: jax.Array      # int32: consecutive skipped updates
     data_cursor: jax.Array     # int32: first dataset row of the current buffer window

@@ -168,7 +168,6 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         ua, actor_opt = actor_tx.update(ga, state.actor_opt, state.actor)
         uc, critic_opt = critic_tx.update(gc, state.critic_opt, state.critic)
         ua = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), ua)
-        uc = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), uc)
         actor = optax.apply_updates(state.actor, ua)
         critic = optax.apply_updates(state.critic, uc)
 
@@ -194,7 +193,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         pr = jnp.where(filled, new.replay.priorities, 0.0)
         metrics.update({
             "actor/grad_norm": gn_a, "critic/grad_norm": gn_c,
-            "actor/lr": actor_lr(state.step) * state.lr_scale, "critic/lr": critic_lr(state.step) * state.lr_scale,
+            "actor/lr": actor_lr(state.step) * state.lr_scale, "critic/lr": critic_lr(state.step),
             "actor/kl_coef": jnp.float32(a.kl_loss_coef if a.use_kl_loss else 0.0),
             "algorithm/kl_coef": new.kl_coef,
             "replay/priority_mean": pr.sum() / jnp.maximum(filled.sum(), 1),
