@@ -126,7 +126,7 @@ def _sample(logits, key, temperature, top_p, top_k, use_top_p):
 class SamplerTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
-    @settings(max_examples=12)
+    @settings(max_examples=8)
     @given(seed=st.integers(0, 2 ** 31 - 1), top_k=st.integers(0, 7), top_p=st.floats(0.05, 1.0),
            temperature=st.floats(0.3, 3.0))
     def test_allowed_set_and_logprob(self, seed, top_k, top_p, temperature):
@@ -178,9 +178,9 @@ def test_eos_stops_rows_and_masks_after():
     ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(5, 2, 4), width=5, seed=9)
     base = np.asarray(generate(model, ids, mask, jax.random.key(0), max_new_tokens=8, temperature=0.0).tokens)
     pad = 60
-    for eos in ([int(base[0, 2])], [int(base[0, 3]), int(base[1, 1])]):
+    for eos in ([int(base[0, 3]), int(base[1, 1])],):
         out = generate(model, ids, mask, jax.random.key(0), max_new_tokens=8, temperature=0.0,
-                       eos_token_id=eos if len(eos) > 1 else eos[0], pad_token_id=pad)
+                       eos_token_id=eos, pad_token_id=pad)
         toks, lps, m = (np.asarray(x) for x in out)
         for b in range(3):
             hits = [i for i in range(8) if base[b, i] in eos]

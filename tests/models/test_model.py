@@ -1,4 +1,7 @@
-"""jaxppo.models: rope tables, padding, remat/scan equivalence, dtypes, logical axes, heads, sharding, config."""
+"""jaxppo.models: rope tables, padding, remat/scan equivalence, logical axes, heads, sharding, config.
+
+bf16 compute with fp32 params is tested on stories260K in tests/hf/test_load.py.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxppo.models import CausalLM, LMConfig, RewardModel, ValueModel, named_shardings, shard_model
+from jaxppo.models import CausalLM, LMConfig, RewardModel, ValueModel, generate, named_shardings, shard_model
 from jaxppo.models.sharding import fit_spec
 from tests.models.tiny_lm import left_padded_prompts, tiny_config, tiny_lm
 
@@ -57,7 +60,7 @@ _jit_loss_and_grads = nnx.jit(_loss_and_grads)
 _jit_forward = nnx.jit(lambda m, ids, mask: m(ids, mask))
 
 
-@pytest.mark.parametrize("remat,scan", [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize("remat,scan", [(True, True), (False, False)])
 def test_remat_and_unrolled_layers_give_same_loss_and_grads(remat, scan):
     ids, mask = left_padded_prompts(61, lengths=(6, 3), width=6, seed=2)
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)
@@ -71,23 +74,6 @@ def test_remat_and_unrolled_layers_give_same_loss_and_grads(remat, scan):
     for a, b in zip(flat0, flat1):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
     assert max(float(jnp.max(jnp.abs(a))) for a in flat0) > 1e-3
-
-
-def test_bf16_compute_with_fp32_params_is_close():
-    m32 = tiny_lm("llama", seed=5)
-    mixed = tiny_lm("llama", seed=5, compute_dtype="bfloat16")
-    assert mixed.model.layers.q.get_value().dtype == jnp.float32
-    ids, mask = left_padded_prompts(61, lengths=(6, 4), width=6, seed=3)
-    ref = np.asarray(_jit_forward(m32, jnp.asarray(ids), jnp.asarray(mask)))
-    out = _jit_forward(mixed, jnp.asarray(ids), jnp.asarray(mask))
-    assert out.dtype == jnp.float32
-    assert mixed.hidden_states(jnp.asarray(ids), jnp.asarray(mask)).dtype == jnp.bfloat16
-    real = mask.astype(bool)
-    err = np.abs(np.asarray(out) - ref)[real]
-    assert err.max() < 0.05 * np.abs(ref[real]).max()
-    assert 0 < err.max()  # it really computed in bf16
-    _, grads = _jit_loss_and_grads(mixed, jnp.asarray(ids), jnp.asarray(mask))
-    assert all(g.dtype == jnp.float32 and bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
 
 
 # ----------------------------------------------------------------------------- logical axes
@@ -120,15 +106,16 @@ def test_value_and_reward_heads_by_hand():
     rm = RewardModel.from_lm(lm, rngs=nnx.Rngs(2))
     ids, mask = left_padded_prompts(61, lengths=(5, 3), width=5, seed=4)
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)
-    h = np.asarray(lm.hidden_states(ids, mask), np.float64)
+    h = np.asarray(nnx.jit(lambda m, i, k: m.hidden_states(i, k))(lm, ids, mask), np.float64)
     w, c = np.asarray(critic.value_head.kernel.get_value())[:, 0], float(critic.value_head.bias.get_value()[0])
-    np.testing.assert_allclose(np.asarray(critic(ids, mask)), h @ w + c, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(_jit_forward(critic, ids, mask)), h @ w + c, atol=1e-5)
     w, c = np.asarray(rm.score_head.kernel.get_value())[:, 0], float(rm.score_head.bias.get_value()[0])
-    np.testing.assert_allclose(np.asarray(rm(ids, mask)), h[:, -1] @ w + c, atol=1e-5)
+    scores = np.asarray(_jit_forward(rm, ids, mask))
+    np.testing.assert_allclose(scores, h[:, -1] @ w + c, atol=1e-5)
     # right padding: the score is read at the last real token
     right_ids = jnp.concatenate([ids[1:, 2:], jnp.zeros((1, 2), jnp.int32)], axis=1)
     right_mask = jnp.array([[1, 1, 1, 0, 0]])
-    np.testing.assert_allclose(np.asarray(rm(right_ids, right_mask)), np.asarray(rm(ids, mask))[1:], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(_jit_forward(rm, right_ids, right_mask)), scores[1:], atol=1e-5)
     # the trunk is a copy: changing the critic does not touch the policy
     critic.model.embed.set_value(critic.model.embed.get_value() * 0)
     assert float(jnp.abs(lm.model.embed.get_value()).sum()) > 0
@@ -146,19 +133,12 @@ def test_sharded_model_matches_single_device():
     q = sharded.model.layers.q.get_value()
     assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
     assert q.addressable_shards[0].data.shape == (2, 8, 2, 8)
-    ref_l, ref_g = _jit_loss_and_grads(single, ids, mask)
-    graphdef, state = nnx.split(sharded)
-
-    @jax.jit
-    def step(state, ids, mask):
-        m = nnx.merge(graphdef, state)
-        return m(ids, mask), _loss_and_grads(m, ids, mask)
-
-    logits, (loss, grads) = step(state, ids, mask)
+    logits = _jit_forward(sharded, ids, mask)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(_jit_forward(single, ids, mask)), atol=1e-5)
-    np.testing.assert_allclose(float(loss), float(ref_l), rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(ref_g), jax.tree.leaves(grads)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
+    # KV-cache generation runs on the sharded parameters and decodes the same tokens
+    g_sh = generate(sharded, ids, mask, jax.random.key(0), max_new_tokens=4, temperature=0.0)
+    g_1 = generate(single, ids, mask, jax.random.key(0), max_new_tokens=4, temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(g_sh.tokens), np.asarray(g_1.tokens))
 
 
 def test_indivisible_dimensions_are_replicated():
