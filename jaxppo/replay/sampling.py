@@ -37,9 +37,24 @@ def _below(x: jax.Array) -> jax.Array:
     return jnp.where(x > 0, jnp.nextafter(x, jnp.zeros_like(x)), x)
 
 
+PREFIX_SCAN_MAX = 16      # rows up to this width: log-step scan (fuses); wider: one triangular matmul
+
+
 def _prefix(rows: jax.Array) -> jax.Array:
-    """Inclusive prefix sums along the last axis, as one matmul with an upper-triangular matrix."""
+    """Inclusive prefix sums along the last axis.
+
+    Narrow rows (``f <= PREFIX_SCAN_MAX``): ``log2 f`` shifted adds (Hillis-Steele), elementwise, so
+    XLA fuses them into the consumer; wide rows (the top level): one matmul with a constant
+    upper-triangular matrix. Either result is monotone only up to round-off; callers allow for that.
+    """
     f = rows.shape[-1]
+    if f <= PREFIX_SCAN_MAX:
+        shift = 1
+        while shift < f:
+            pad = jnp.zeros(rows.shape[:-1] + (shift,), rows.dtype)
+            rows = rows + jnp.concatenate([pad, rows[..., :-shift]], axis=-1)
+            shift *= 2
+        return rows
     tri = np.triu(np.ones((f, f), np.float32))          # a compile-time constant, not rebuilt per call
     return jnp.matmul(rows, tri, precision=jax.lax.Precision.HIGHEST)
 
