@@ -150,8 +150,8 @@ def main(argv=None) -> dict:
     print(f"{'impl':<22}{'step s (median)':>16}{'step s (min)':>14}{'tokens/s':>12}{'GFLOP/s':>10}{'MFU':>8}")
     for name, label in (("jax", "jaxppo (JAX/Flax NNX)"), ("torch", "transformers (torch)")):
         r = res[name]
-        print(f"{label:<22}{r['step_s_median']:>16.3f}{r['step_s_min']:>14.3f}{r['tokens_per_s']:>12.0f}{r['model_flops_per_s'] / 1e9:>10.1f}"
-              f"{r['mfu_vs_best_matmul']:>8.1%}")
+        print(f"{label:<22}{r['step_s_median']:>16.3f}{r['step_s_min']:>14.3f}{r['tokens_per_s']:>12.0f}"
+              f"{r['model_flops_per_s'] / 1e9:>10.1f}{r['mfu_vs_best_matmul']:>8.1%}")
     print(f"{'matmul ' + str(args.matmul) + ' (best)':<22}{'':>16}{'':>14}{'':>12}{peak / 1e9:>10.1f}"
           "   (median over repeats of max(jnp.dot, torch.matmul))")
     print(f"speed-up JAX / torch: {res['speedup_jax_over_torch']:.2f}x (median of paired ratios), "
