@@ -40,9 +40,14 @@ def read_prompts(path: str | None, max_prompts: int | None = None) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"prompt file not found: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[: e.start].count(b"\n") + 1
+        raise DataError(f"{p} line {line}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
     prompts: list[str] = []
     if p.suffix == ".jsonl":
-        for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -53,7 +58,7 @@ def read_prompts(path: str | None, max_prompts: int | None = None) -> list[str]:
                 raise DataError(f"{p} line {lineno}: expected an object with a non-empty 'prompt' string")
             prompts.append(item["prompt"])
     else:
-        prompts = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
+        prompts = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     if max_prompts is not None:
         prompts = prompts[:max_prompts]
     if not prompts:

@@ -178,6 +178,9 @@ def test_read_prompts(tmp_path):
         (tmp_path / name).write_text(text)
         with pytest.raises(DataError, match=msg):
             read_prompts(str(tmp_path / name))
+    (tmp_path / "u.txt").write_bytes(b"fine\nbad \xff byte\n")
+    with pytest.raises(DataError, match="line 2: not valid UTF-8"):
+        read_prompts(str(tmp_path / "u.txt"))
     with pytest.raises(DataError, match="rollout.prompts is not set"):
         read_prompts(None)
     with pytest.raises(DataError, match="prompt file not found"):
