@@ -11,7 +11,7 @@ keeps the precision of each level's scale rather than the total's (a plain float
 scale would misplace mass of ~``T·2^-24``: several percent of an average item at 1M items).
 
 Zero mass is never chosen: a child is the first one with POSITIVE mass whose inclusive prefix exceeds
-the residual (the within-row prefix comes from a matmul and is monotone only up to round-off, so the
+the residual (the within-row prefix is computed in floating point and is monotone only up to round-off, so the
 mass test matters in round-off cases only), and the residual is clamped into ``[0, mass of the child)``.
 """
 
@@ -131,8 +131,8 @@ def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], 
     values [B])``; ``T`` is the total the probabilities refer to (the leaf values are read from the rows
     already gathered, so they cost no second random access). When ``T == 0`` the indices are meaningless.
     """
-    # materialize: shared tables/points, so XLA does not fuse (and recompute per
-    # gathered element) their producers into later gathers -- that alone costs ~50 us a call on CPU.
+    # materialize: shared tables and the random points go to buffers, so XLA does not fuse (and
+    # recompute per gathered element) their producers into the row comparisons.
     c_top, next_positive = materialize(*_top_tables(top_sums))
     total = c_top[-1]
     j = jnp.arange(batch_size + 1, dtype=jnp.float32)
@@ -143,9 +143,10 @@ def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], 
     s = jnp.searchsorted(c_top, hi + lo, side="right", method="scan_unrolled")
     node = next_positive[jnp.minimum(s, top_sums.shape[0] - 1)]
     mass = top_sums[node]
-    node, hi, lo = materialize(node, *_residual(hi, lo, c_top[node] - mass, mass))
+    # (no materialisation per level: each level's outputs are reductions, which XLA does not re-fuse)
+    hi, lo = _residual(hi, lo, c_top[node] - mass, mass)
     for l in range(depth - 1, -1, -1):
         rows = rows_of(l, node)
         child, hi, lo, mass = _choose_rows(rows, hi, lo)
-        node, hi, lo = materialize(node * rows.shape[-1] + child, hi, lo)
+        node = node * rows.shape[-1] + child
     return node, total, mass
