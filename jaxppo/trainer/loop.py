@@ -8,7 +8,8 @@ the checkpoint of step ``k`` logs exactly the metrics of an uninterrupted run fo
 Host side after each step: guards (NaN streak → rollback, KL → LR cut, response-length warning,
 held-out perplexity every ``guards.ppl_every`` steps → rollback), metrics through ``MetricsLogger``,
 checkpoints every ``trainer.save_every`` steps and at the end. A rollback restores the parameters,
-optimizer states, replay buffer and KL coefficient of the newest checkpoint and keeps the step counter.
+optimizer states, replay buffer and KL coefficient of the newest checkpoint, keeps the step counter,
+RNG and the LR cut, and re-runs the prepare pass with the restored policy.
 
 Outputs under ``trainer.output_dir``: ``metrics.jsonl``, ``events.jsonl``, TensorBoard files,
 ``checkpoints/``, ``hf/`` (final policy + tokenizer), ``plots/``, ``eval_samples.jsonl`` and
@@ -185,8 +186,10 @@ def _apply_action(run: Run, ckpt: Checkpointer, state, act, step_no: int):
             return state
         good, _ = ckpt.restore(latest, state)
         logger.warning("step %d: rolled back parameters/optimizer/replay to checkpoint step %d", step_no, latest)
-        return state.replace(**{k: getattr(good, k) for k in ROLLBACK_FIELDS},
-                             nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
+        state = state.replace(**{k: getattr(good, k) for k in ROLLBACK_FIELDS},
+                              nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
+        # re-prepare with the restored policy (the checkpoint's buffer may predate its prepare pass)
+        return run.prepare(state)
     return state  # warnings only
 
 
