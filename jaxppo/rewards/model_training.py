@@ -227,6 +227,12 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
         "time/train_s": train_s, "time/total_s": time.perf_counter() - t0,
         **report.flat_metrics(), "data_report": report.to_dict(), "history": history,
     }
+    try:
+        from jaxppo.config import to_dict
+
+        metrics["config"] = to_dict(cfg)
+    except (TypeError, AttributeError):  # a config-like object that is not a jaxppo Config
+        pass
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
