@@ -236,3 +236,21 @@ def test_bad_arguments_are_named(kw, ids, mask, match):
     args = {"max_new_tokens": 2, **kw}
     with pytest.raises((ValueError, TypeError), match=match):
         generate(model, np.array(ids), np.array(mask), jax.random.key(0), **args)
+
+
+@pytest.mark.parametrize("scale", [6.0, 0.05])  # peaked: nucleus inside the candidates; flat: full-sort fallback
+def test_nucleus_from_partial_sort_equals_full_sort(scale):
+    logits = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3000)) * scale, jnp.float32)
+    kw = dict(greedy=False, temperature=jnp.float32(0.9), top_k=0, use_top_p=True, top_p=jnp.float32(0.9))
+    fast = jax.jit(lambda lg, key: sample_from_logits(lg, key, candidates=256, **kw))
+    full = jax.jit(lambda lg, key: sample_from_logits(lg, key, candidates=None, **kw))
+    z = np.asarray(logits, np.float64) / np.float32(0.9)
+    for s in range(5):
+        a, b = fast(logits, jax.random.key(s)), full(logits, jax.random.key(s))
+        np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(b[0]))
+        np.testing.assert_allclose(np.asarray(a[1]), np.asarray(b[1]), atol=1e-5)
+        for r in range(4):
+            keep = allowed_set_np(z[r], 0, 0.9)
+            assert keep[int(a[0][r])]
+    sizes = [allowed_set_np(z[r], 0, 0.9).sum() for r in range(4)]
+    assert (max(sizes) < 256) == (scale > 1)  # the two cases really take the two paths
