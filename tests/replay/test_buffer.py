@@ -88,7 +88,7 @@ class AddUpdateTest(parameterized.TestCase):
         np.testing.assert_array_equal(out.tree, tree_lib.build(out.priorities, out.layout))
 
 
-@settings(max_examples=12)
+@settings(max_examples=8)
 @given(capacity=st_.sampled_from([1, 8, 50]), prioritization=st_.sampled_from(["proportional", "rank"]),
        ops=st_.lists(st_.tuples(st_.booleans(), st_.sampled_from([1, 8, 50]), st_.integers(0, 2 ** 31 - 1)),
                      min_size=1, max_size=6))

@@ -9,7 +9,7 @@ import pytest
 from jaxppo.replay import rng
 
 
-@pytest.mark.parametrize("n", [1, 256])
+@pytest.mark.parametrize("n", [256])
 def test_uniform_equals_jax_random(n):
     keys = [jax.random.key(0), jax.random.key(2 ** 31 - 1), jax.random.split(jax.random.key(5))[1],
             jax.random.PRNGKey(42)]

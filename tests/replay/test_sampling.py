@@ -31,8 +31,7 @@ def draw_counts(st, n_batches, batch_size, seed=0):
 TD = np.array([0.0, 0.1, 0.5, 1.0, 2.0, 4.0, 0.3, 0.3, 8.0, 0.05, 1.5, 3.0, 0.7, 0.2, 5.0, 0.01], np.float64)
 
 
-@pytest.mark.parametrize("prioritization", ["proportional", "rank"])
-@pytest.mark.parametrize("batch_size", [7, 16])
+@pytest.mark.parametrize("prioritization, batch_size", [("proportional", 7), ("rank", 16)])
 def test_chi_square_frequencies(prioritization, batch_size):
     alpha, eps = 0.7, 1e-3
     st = filled(32, TD, alpha=alpha, eps=eps, prioritization=prioritization)

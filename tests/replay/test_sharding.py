@@ -38,8 +38,8 @@ def meshes():
 
 
 @pytest.mark.parametrize("capacity, prioritization, names", [
-    (1000, "proportional", ("1", "8", "4x2")),              # 1000 leaves: tree top padded 125 -> 128 on 8
-    (64, "rank", ("1", "8")),
+    (1000, "proportional", ("1", "8")),                     # 1000 leaves: tree top padded 125 -> 128 on 8
+    (64, "rank", ("1", "4x2")),                             # data x fsdp = 4 x 2 batch shards
 ])
 def test_same_samples_on_1_and_8_devices(meshes, capacity, prioritization, names):
     results = {name: run(meshes[name], capacity, prioritization, n_steps=2) for name in names}
