@@ -8,7 +8,9 @@ Formulas (``N`` = number of valid items, i.e. filled slots with stored priority 
 - proportional: ``P(i) = p_i / Σ_k p_k`` with stored ``p_i = (|δ_i| + ε)^α``;
 - rank: ``P(i) = rank(i)^(-α) / Σ_{r=1..N} r^(-α)``, ``rank`` 1 = largest ``|δ| + ε`` (ties: lower slot first);
 - weights: ``w_i = (N·P(i))^(-β) / max_j (N·P(j))^(-β)``; the maximum is that of the least likely valid
-  item in the whole buffer, so ``w_i = (P_min / P(i))^β`` (``N`` cancels) and ``0 < w_i <= 1``.
+  item in the whole buffer, so ``w_i = (P_min / P(i))^β`` (``N`` cancels) and ``0 < w_i <= 1``;
+- duplicates in one ``update_priorities`` / ``set_priorities``: the LARGEST new value of a slot is
+  stored (replacing the old one even if that was larger); the running max covers the stored values.
 """
 
 from __future__ import annotations

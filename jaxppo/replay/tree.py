@@ -65,9 +65,9 @@ class TreeLayout:
 
 def auto_layout(capacity: int, shards: int = 1, leaf_fanout: int | None = None) -> TreeLayout:
     """Fanouts for ``capacity`` leaves: about ``log2(capacity) - 7`` bits spread evenly over levels of
-    at most ``MAX_FANOUT_BITS`` (4) bits each, the top level taking the rest (≤ ~128 nodes, rounded up to a multiple of
-    ``shards`` so the leaves split evenly over the mesh). ``leaf_fanout`` (a power of two) overrides
-    the leaf row size.
+    at most ``MAX_FANOUT_BITS`` (4) bits each, the top level taking the rest (≤ ~128 nodes, rounded up
+    to a multiple of ``shards`` so the leaves split evenly over the mesh). ``leaf_fanout`` (a power of
+    two) overrides the leaf row size.
     """
     bits = max(0, math.ceil(math.log2(max(capacity, 1))))
     lower = max(1, bits - TOP_BITS)

@@ -217,3 +217,20 @@ def test_bad_sample_and_update_arguments():
         replay.update_priorities(st, jnp.array([[0, 1]]), jnp.ones((1, 2)))
     with pytest.raises(ValueError, match=">= 0"):
         replay.set_priorities(st, jnp.array([0]), jnp.array([-1.0]))
+
+
+def test_metrics_hand_computed():
+    st = replay.add(replay.init(8, EXAMPLE, alpha=1.0, eps=0.0), items(range(4)),
+                    jnp.array([1.0, 2.0, 0.0, 5.0]))
+    s = replay.sample(st, jax.random.key(0), 4, beta=1.0)
+    m = jax.jit(lambda st, s: replay.metrics(st, s, beta=0.7, weight_floor=0.3))(st, s)
+    assert float(m["priority_mean"]) == pytest.approx(8.0 / 3)           # slot 2 (priority 0) not valid
+    assert float(m["priority_max"]) == 5.0 and float(m["size"]) == 4 and float(m["valid"]) == 3
+    # weights (P_min / P_i)^1 with P_min = 1/8: items 0, 1, 3 -> 1, 1/2, 1/5
+    w = {0: 1.0, 1: 0.5, 3: 0.2}
+    want = np.array([w[int(i)] for i in np.asarray(s.indices)])
+    assert float(m["weight_mean"]) == pytest.approx(want.mean(), rel=1e-5)
+    assert 3 in np.asarray(s.indices)                                    # strata [4, 6) and [6, 8)
+    assert float(m["sample_efficiency"]) == pytest.approx(np.mean(want >= 0.3))
+    assert float(m["sample_efficiency"]) < 1.0
+    assert float(m["beta"]) == pytest.approx(0.7)

@@ -1,0 +1,40 @@
+"""Replay metrics for the logs (DESIGN.md §5 names, without the ``replay/`` prefix).
+
+- ``priority_mean``: mean stored priority over valid items (filled, stored priority > 0);
+- ``priority_max``: the running maximum (what new items get);
+- ``size``: filled slots; ``valid``: valid items;
+- with a :class:`Sample`: ``weight_mean``, ``weight_min`` and ``sample_efficiency`` = share of the
+  sampled items whose PER weight is at least ``weight_floor`` (default 0.1, i.e. not down-weighted by
+  more than 10x), and ``beta`` when given.
+
+All values are float32 ``jnp`` scalars (jittable; ``O(capacity)`` for the priority statistics).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxppo.replay.state import ReplayState, Sample
+
+
+def metrics(state: ReplayState, sample: Sample | None = None, *, beta: float | jax.Array | None = None,
+            weight_floor: float = 0.1) -> dict[str, jax.Array]:
+    """The metrics of the module docstring."""
+    p = state.priorities
+    valid = (p > 0) & (jnp.arange(p.shape[0]) < state.size)
+    n_valid = jnp.sum(valid)
+    out = {
+        "priority_mean": jnp.sum(jnp.where(valid, p, 0.0)) / jnp.maximum(n_valid, 1).astype(jnp.float32),
+        "priority_max": state.max_priority.astype(jnp.float32),
+        "size": state.size.astype(jnp.float32),
+        "valid": n_valid.astype(jnp.float32),
+    }
+    if sample is not None:
+        w = sample.weights.astype(jnp.float32)
+        out["weight_mean"] = jnp.mean(w)
+        out["weight_min"] = jnp.min(w)
+        out["sample_efficiency"] = jnp.mean((w >= weight_floor).astype(jnp.float32))
+    if beta is not None:
+        out["beta"] = jnp.asarray(beta, jnp.float32)
+    return out
