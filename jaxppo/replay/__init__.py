@@ -1,8 +1,9 @@
 """Device-resident prioritized replay (pure functions over a pytree state) and PF-PPO filtration.
 
-``init`` → ``add`` → (``sample`` → ``update_priorities``)*, ``metrics`` for the logs; the state is a ``flax.struct`` pytree that
-jits, shards over the mesh's batch axes and saves/restores with Orbax. See ``state.py`` for what is
-stored, ``buffer.py`` for the formulas, ``pf_ppo.py`` / ``filter_selection.py`` for PF-PPO.
+``init`` → ``add`` → (``sample`` → ``update_priorities``)*, ``metrics`` for the logs; the state is a
+``flax.struct`` pytree that jits, shards over the mesh's batch axes and saves/restores with Orbax.
+See ``state.py`` for what is stored, ``buffer.py`` for the formulas, ``pf_ppo.py`` /
+``filter_selection.py`` for PF-PPO.
 """
 
 from jaxppo.replay import filter_selection, pf_ppo
