@@ -118,10 +118,26 @@ def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarr
     return items
 
 
+def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
+               reference: nnx.Module | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Any]:
+    """``(train, heldout, report)``: the rows of ``cfg.data`` tokenized and split by prompt group with
+    ``split_by_group(group_id, data.eval_fraction, data.seed)`` — the split of every run (training and
+    ``jaxppo.evaluate``). With a reference (path and model) the rows without logged behaviour log-probs get
+    them from it (training needs them); without, they stay 0 — the rows and the split do not depend on it.
+    """
+    from jaxppo.data import load_scored_arrays, split_by_group
+
+    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=reference_path, reference=reference)
+    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
+    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
+    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
+    return train, heldout, report
+
+
 def build_run(cfg: Any, *, devices=None) -> Run:
     """Everything a run needs, from ``cfg`` (models loaded, data tokenized, buffer filled, jits built)."""
     from jaxppo.cli_util import resolve_model_path, tokenizer_path
-    from jaxppo.data import compute_behaviour_logprobs, load_scored_arrays, split_by_group
+    from jaxppo.data import compute_behaviour_logprobs
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.models import shard_model
     from jaxppo.parallel import batch_divisor, make_mesh, merged_rules
@@ -139,22 +155,19 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     actor_model = load_pretrained(model_path, dtype=_DTYPES[cfg.model.param_dtype],
                                   compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh, rules=rules,
                                   remat=cfg.model.remat)
-    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=model_path, reference=actor_model)
-    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
-    if len(train_rows) == 0:
+    train, heldout, report = split_data(cfg, tokenizer, reference_path=model_path, reference=actor_model)
+    n_rows = int(train["prompt_ids"].shape[0])
+    if n_rows == 0:
         raise ConfigError("data: no training rows left after the held-out split; lower data.eval_fraction")
-    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
-    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
     if not np.isfinite(train["score"]).all():
         raise ValueError("data: non-finite scores in the training rows")
-    train["row"] = np.arange(len(train_rows), dtype=np.int32)
+    train["row"] = np.arange(n_rows, dtype=np.int32)
     train["ref_logp"] = compute_behaviour_logprobs(actor_model, train, batch_size=cfg.data.behaviour_batch_size)
     train["filter_w"] = pf_filter_weights(cfg, train["score"], train["group_id"], cfg.trainer.seed)
 
     shards = batch_divisor(mesh)
     a = cfg.actor
     chunk = a.ppo_micro_batch_size or a.ppo_mini_batch_size
-    n_rows = len(train_rows)
     n_use = min(n_rows, cfg.replay.capacity)
     capacity = _round_up(n_use, math.lcm(chunk, shards))
     rows, valid = window_rows(n_rows, n_use, capacity, 0)

@@ -1,0 +1,207 @@
+"""``python -m jaxppo.evaluate --config FILE [--policy PATH] trainer.output_dir=DIR [dotted.key=value ...]``
+
+Compares a policy with the reference ``model.path`` on the held-out prompts of the config's dataset:
+
+- the held-out rows are those of training (``jaxppo.trainer.setup.split_data``: same ``data.*`` config
+  and ``data.seed`` → same held-out prompt groups); one prompt per held-out group (its first row), at
+  most ``trainer.eval_prompts`` — the prompts of the trainer's final evaluation;
+- ``--policy PATH``: a Hugging Face folder (the trainer's export ``<run>/hf``) or ``.gguf`` file; default
+  ``model.path`` (the reference evaluated against itself);
+- each model samples one response per prompt with ``rollout.temperature`` / ``top_k`` / ``top_p`` and
+  ``min(rollout.max_new_tokens, data.max_response_length)`` new tokens, both with the trainer's
+  evaluation key ``fold_in(PRNGKey(trainer.seed), 10007)``; the responses are scored by ``reward.*``.
+
+Writes ``DIR/eval.json``:
+
+- ``eval/reward_policy``, ``eval/reward_reference``: mean rewards; ``eval/reward_gain`` = their difference;
+- ``eval/reward_gain_ci95``: ``[low, high]`` paired per-prompt percentile bootstrap of the gain
+  (``bootstrap_ci``, seed ``trainer.seed``);
+- ``eval/kl``: ``Σ_bt m_bt (log π(y_bt) − log π_ref(y_bt)) / Σ_bt m_bt`` over the policy's samples (k1);
+- ``eval/perplexity`` (``eval/perplexity_reference``): ``exp`` of the mean negative log-prob of the held-out
+  dataset responses under the policy (the reference);
+- ``eval/response_length_policy|reference``, ``n_prompts``, ``n_heldout_rows``, the paths and the config;
+
+and ``DIR/eval_samples.jsonl`` (one line a prompt: ``prompt``, ``response_policy``,
+``response_reference``, ``reward_policy``, ``reward_reference``), and prints a short table. The mesh is
+``mesh.data × mesh.fsdp × mesh.tensor`` of the first devices. Bad input (missing policy, no held-out
+prompts, a policy whose vocabulary differs from the reference's) exits with status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxppo.config import Config, to_dict
+
+PROG = "python -m jaxppo.evaluate"
+EVAL_KEY_SALT = 10_007  # the trainer's evaluation key: fold_in(PRNGKey(trainer.seed), 10007)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def resolve_policy_path(policy: str | None, model_path: str) -> str:
+    """The policy checkpoint: ``model_path`` when ``policy`` is None, else the folder/.gguf it names."""
+    if policy is None:
+        return model_path
+    p = Path(policy).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"--policy {policy} does not exist (give a Hugging Face folder such as a training "
+                                "run's <output_dir>/hf, or a .gguf file)")
+    if p.is_dir() and not (p / "config.json").is_file():
+        hint = (" (it looks like an Orbax checkpoint; use the run's hf/ export)"
+                if (p / "_CHECKPOINT_METADATA").exists() or p.name == "checkpoints" else "")
+        raise FileNotFoundError(f"--policy {policy}: no config.json, not a Hugging Face model folder{hint}")
+    if p.is_file() and p.suffix != ".gguf":
+        raise ValueError(f"--policy {policy}: expected a Hugging Face model folder or a .gguf file")
+    return str(p.resolve())
+
+
+def check_same_vocab(policy: Any, reference: Any, policy_path: str, reference_path: str,
+                     tokenizer: Any = None) -> None:
+    """ValueError when the policy's vocabulary (model size, or its own tokenizer files) differs."""
+    vp, vr = int(policy.config.vocab_size), int(reference.config.vocab_size)
+    if vp != vr:
+        raise ValueError(f"vocabulary mismatch: policy {policy_path} has vocab_size={vp} but the reference "
+                         f"{reference_path} has vocab_size={vr}; the policy must be trained from model.path")
+    p = Path(policy_path)
+    if tokenizer is not None and p.is_dir() and any((p / f).is_file() for f in _TOKENIZER_FILES):
+        from jaxppo.hf import load_tokenizer
+
+        if load_tokenizer(p).get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"vocabulary mismatch: the tokenizer saved in {policy_path} differs from the reference "
+                             f"tokenizer (model.tokenizer_path or model.path)")
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> int | tuple[int, ...] | None:
+    ids = tuple(getattr(model.config, "eos_token_ids", ()) or ())
+    if not ids and isinstance(getattr(tokenizer, "eos_token_id", None), int):
+        ids = (tokenizer.eos_token_id,)
+    return None if not ids else (ids[0] if len(ids) == 1 else ids)
+
+
+def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] | None = None) -> dict[str, Any]:
+    """Run the evaluation described by the module doc; writes ``cfg.trainer.output_dir`` and returns eval.json."""
+    import jax
+
+    from jaxppo.cli_util import resolve_model_path, tokenizer_path
+    from jaxppo.config import ConfigError
+    from jaxppo.data.tokenize import pad_id_of
+    from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.parallel import make_mesh, merged_rules
+    from jaxppo.rewards import reward_fn_from_config
+    from jaxppo.trainer.evaluation import bootstrap_ci, evaluate_policy, heldout_perplexity
+    from jaxppo.trainer.loop import _eval_prompts
+    from jaxppo.trainer.setup import _DTYPES, split_data
+
+    t0 = time.perf_counter()
+    out = Path(cfg.trainer.output_dir)
+    ref_path = resolve_model_path(cfg.model.path)
+    pol_path = resolve_policy_path(policy, ref_path)
+    reward_fn = reward_fn_from_config(cfg.reward)  # fail early on a bad reward config
+    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+
+    devices = list(jax.devices() if devices is None else devices)
+    m = cfg.mesh
+    n_mesh = m.data * m.fsdp * m.tensor
+    if n_mesh > len(devices):
+        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n_mesh} devices, but only "
+                          f"{len(devices)} are available")
+    mesh = make_mesh(m.data, m.fsdp, m.tensor, devices=devices[:n_mesh])
+    try:
+        rules = merged_rules(m.rules)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    kw = dict(dtype=_DTYPES[cfg.model.param_dtype], compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh,
+              rules=rules)
+    reference = load_pretrained(ref_path, **kw)
+    pol_model = reference if pol_path == ref_path else load_pretrained(pol_path, **kw)
+    check_same_vocab(pol_model, reference, pol_path, ref_path, tokenizer)
+
+    _, heldout, _ = split_data(cfg, tokenizer)  # the trainer's rows and split (behaviour log-probs not needed)
+    prompt_ids, prompt_mask = _eval_prompts(heldout, cfg.trainer.eval_prompts)
+    if prompt_ids.shape[0] == 0:
+        raise ValueError(f"no held-out prompts in {cfg.data.path}: data.eval_fraction={cfg.data.eval_fraction} "
+                         "leaves none (set data.eval_fraction > 0 and a dataset with at least 2 prompt groups)")
+    t_load = time.perf_counter() - t0
+
+    ro = cfg.rollout
+    gen_kw = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length), temperature=ro.temperature,
+                  top_k=ro.top_k, top_p=ro.top_p, eos_token_id=_eos_ids(reference, tokenizer),
+                  pad_token_id=pad_id_of(tokenizer), batch_size=ro.batch_size)
+    key = jax.random.fold_in(jax.random.PRNGKey(cfg.trainer.seed), EVAL_KEY_SALT)
+    t1 = time.perf_counter()
+    ref_ev = evaluate_policy(reference, reference, tokenizer, prompt_ids, prompt_mask, reward_fn, key, **gen_kw)
+    pol_ev = evaluate_policy(pol_model, reference, tokenizer, prompt_ids, prompt_mask, reward_fn, key, **gen_kw)
+    t_gen = time.perf_counter() - t1
+    ppl_ref = heldout_perplexity(reference, heldout, batch_size=cfg.data.behaviour_batch_size)
+    ppl_pol = ppl_ref if pol_model is reference else heldout_perplexity(pol_model, heldout,
+                                                                        batch_size=cfg.data.behaviour_batch_size)
+    rr = np.asarray(ref_ev["rewards"], np.float64)
+    rp = np.asarray(pol_ev["rewards"], np.float64)
+    lo, hi = bootstrap_ci(rr, rp, seed=cfg.trainer.seed)
+    result: dict[str, Any] = {
+        "eval/reward_policy": float(rp.mean()), "eval/reward_reference": float(rr.mean()),
+        "eval/reward_gain": float(rp.mean() - rr.mean()), "eval/reward_gain_ci95": [float(lo), float(hi)],
+        "eval/kl": float(pol_ev["kl"]), "eval/perplexity": float(ppl_pol), "eval/perplexity_reference": float(ppl_ref),
+        "eval/response_length_policy": float(pol_ev["response_length"]),
+        "eval/response_length_reference": float(ref_ev["response_length"]),
+        "n_prompts": int(rp.size), "n_heldout_rows": int(heldout["prompt_ids"].shape[0]),
+        "policy": pol_path, "reference": ref_path, "reward": cfg.reward.kind,
+        "time_s": {"load": t_load, "generate": t_gen, "total": time.perf_counter() - t0},
+        "config": to_dict(cfg),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as fh:
+        for i in range(rp.size):
+            fh.write(json.dumps({"prompt": pol_ev["prompts"][i], "response_policy": pol_ev["responses"][i],
+                                 "response_reference": ref_ev["responses"][i], "reward_policy": float(rp[i]),
+                                 "reward_reference": float(rr[i])}, ensure_ascii=False) + "\n")
+    (out / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    return result
+
+
+def format_table(r: dict[str, Any]) -> str:
+    """The short console summary of an eval.json dict."""
+    lo, hi = r["eval/reward_gain_ci95"]
+    rows = [("", "reference", "policy"),
+            ("reward (mean)", f"{r['eval/reward_reference']:.4f}", f"{r['eval/reward_policy']:.4f}"),
+            ("response length", f"{r['eval/response_length_reference']:.1f}",
+             f"{r['eval/response_length_policy']:.1f}"),
+            ("held-out perplexity", f"{r['eval/perplexity_reference']:.3f}", f"{r['eval/perplexity']:.3f}")]
+    w0 = max(len(a) for a, _, _ in rows)
+    w1 = max(len(b) for _, b, _ in rows)
+    lines = [f"{a:<{w0}}  {b:>{w1}}  {c:>10}" for a, b, c in rows]
+    lines.append(f"reward gain {r['eval/reward_gain']:+.4f}  95% CI [{lo:+.4f}, {hi:+.4f}]  "
+                 f"KL(policy||ref) {r['eval/kl']:.5f}  ({r['n_prompts']} held-out prompts)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 with a one-line message for bad input)."""
+    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(prog=PROG, add_help=False)
+    pre.add_argument("--policy", default=None)
+    known, rest = pre.parse_known_args(args)
+    _, cfg = parse_config_args(PROG, "Evaluate a policy against the reference model.path on the held-out prompts. "
+                               "--policy PATH: the policy (a HF folder such as <run>/hf, or a .gguf file; default "
+                               "model.path).", rest)
+    try:
+        setup_logging(cfg.trainer.output_dir, "evaluate.log")
+        result = evaluate(cfg, known.policy)
+    except USER_ERRORS as e:
+        return report_user_error(PROG, e)
+    print(format_table(result))
+    print(f"wrote {Path(cfg.trainer.output_dir) / 'eval.json'} and eval_samples.jsonl")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

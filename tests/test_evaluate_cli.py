@@ -1,0 +1,210 @@
+"""``python -m jaxppo.evaluate``: stories260K against itself, an exact copy and a perturbed copy; bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxppo.evaluate import main
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["Once upon a time, there was a little girl named Lily.", "One day, Tom went to the park with his mom.",
+           "The sun was shining and the birds were singing.", "There was a boy who loved to play with his red ball.",
+           "Once upon a time, a small dog lived in a big house.", "Sam had a big box of toys.",
+           "The cat sat on the mat.", "Mia found a shiny stone."]
+RESPONSES = ["She was very happy.", "He was sad and cried.", "They played all day."]
+EVAL_FRACTION, SEED = 0.5, 3
+SMALL = ["data.max_prompt_length=24", "data.max_response_length=12", "rollout.max_new_tokens=12",
+         "rollout.batch_size=8", "data.behaviour_batch_size=16", f"data.eval_fraction={EVAL_FRACTION}",
+         f"data.seed={SEED}", "reward.kind=vader", "trainer.seed=1"]
+
+
+@pytest.fixture(scope="module")
+def stories(shared_dir) -> Path:
+    p = shared_dir / "models" / "stories260K"
+    if not p.is_dir():
+        pytest.fail(f"stories260K not found at {p}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> Path:
+    """8 prompt groups x 3 scored responses (group ids 10..17, so they are not row numbers)."""
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for g, p in enumerate(PROMPTS):
+            for k, r in enumerate(RESPONSES):
+                fh.write(json.dumps({"prompt": p, "response": r, "score": float(g - k), "group_id": 10 + g}) + "\n")
+    return path
+
+
+def _args(stories: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [f"model.path={stories}", f"data.path={data}", f"trainer.output_dir={out}", *SMALL, *extra]
+
+
+def _load(out: Path) -> tuple[dict, list[dict]]:
+    result = json.loads((out / "eval.json").read_text())
+    samples = [json.loads(line) for line in (out / "eval_samples.jsonl").read_text().splitlines() if line.strip()]
+    return result, samples
+
+
+def _save_copy(stories: Path, out: Path, noise: float) -> Path:
+    from jaxppo.hf import load_pretrained, load_tokenizer, save_pretrained
+
+    model = load_pretrained(stories)
+    if noise:
+        params = nnx.state(model, nnx.Param)
+        leaves, treedef = jax.tree.flatten(params)
+        keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
+        noisy = [x + noise * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+        nnx.update(model, jax.tree.unflatten(treedef, noisy))
+    return save_pretrained(model, out, tokenizer=load_tokenizer(stories))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, stories, data_file):
+    """eval.json + samples of: the reference against itself (no --policy), an exact saved copy, a perturbed copy."""
+    base = tmp_path_factory.mktemp("evals")
+    policies = {"self": None, "copy": _save_copy(stories, base / "copy_hf", 0.0),
+                "perturbed": _save_copy(stories, base / "perturbed_hf", 0.02)}
+    results = {}
+    for name, pol in policies.items():
+        out = base / name
+        argv = _args(stories, data_file, out) + ([] if pol is None else ["--policy", str(pol)])
+        assert main(argv) == 0
+        results[name] = _load(out)
+    return results
+
+
+def test_self_evaluation_has_zero_gain_and_zero_kl(runs):
+    for name in ("self", "copy"):
+        r, samples = runs[name]
+        assert r["eval/kl"] == 0.0, name  # same weights, same key -> same samples and log-probs
+        assert r["eval/reward_gain"] == 0.0
+        lo, hi = r["eval/reward_gain_ci95"]
+        assert lo <= 0.0 <= hi
+        assert r["eval/reward_policy"] == r["eval/reward_reference"]
+        assert r["eval/perplexity"] == r["eval/perplexity_reference"]
+        assert all(s["response_policy"] == s["response_reference"] for s in samples)
+
+
+def test_heldout_prompts_are_the_trainers_split(runs, data_file):
+    from jaxppo.data import split_by_group
+
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    _, eval_rows = split_by_group([row["group_id"] for row in rows], EVAL_FRACTION, SEED)
+    expected = list(dict.fromkeys(rows[i]["prompt"] for i in eval_rows))  # one per group, file order
+    assert len(expected) == round(EVAL_FRACTION * len(PROMPTS))
+    for name, (r, samples) in runs.items():
+        assert [s["prompt"].strip() for s in samples] == expected, name
+        assert r["n_prompts"] == len(expected)
+        assert r["n_heldout_rows"] == len(expected) * len(RESPONSES)
+
+
+def test_outputs_parse_and_rewards_match_the_samples(runs):
+    from jaxppo.rewards import vader_reward
+
+    for name, (r, samples) in runs.items():
+        for k in ("eval/reward_policy", "eval/reward_reference", "eval/reward_gain", "eval/kl", "eval/perplexity"):
+            assert np.isfinite(r[k]), (name, k)
+        assert len(r["eval/reward_gain_ci95"]) == 2 and r["eval/reward_gain_ci95"][0] <= r["eval/reward_gain_ci95"][1]
+        assert 1.0 < r["eval/perplexity_reference"] < 512  # stories260K (512 tokens) beats uniform on stories
+        assert r["eval/perplexity"] > 1.0
+        rp = np.array([s["reward_policy"] for s in samples])
+        rr = np.array([s["reward_reference"] for s in samples])
+        assert r["eval/reward_policy"] == pytest.approx(rp.mean(), abs=1e-6)
+        assert r["eval/reward_gain"] == pytest.approx((rp - rr).mean(), abs=1e-6)
+        prompts = [s["prompt"] for s in samples]
+        np.testing.assert_allclose(vader_reward(prompts, [s["response_policy"] for s in samples]), rp, atol=1e-6)
+        np.testing.assert_allclose(vader_reward(prompts, [s["response_reference"] for s in samples]), rr, atol=1e-6)
+        lengths = r["eval/response_length_policy"]
+        assert 1.0 <= lengths <= 12.0
+
+
+def test_perturbed_policy_has_positive_kl_and_the_same_reference_side(runs):
+    r, samples = runs["perturbed"]
+    r0, samples0 = runs["self"]
+    assert r["eval/kl"] > 1e-4
+    assert r["eval/perplexity"] != r["eval/perplexity_reference"]
+    # the reference's samples and rewards do not depend on the policy
+    assert r["eval/reward_reference"] == r0["eval/reward_reference"]
+    assert r["eval/perplexity_reference"] == r0["eval/perplexity_reference"]
+    assert [s["response_reference"] for s in samples] == [s["response_reference"] for s in samples0]
+    assert any(s["response_policy"] != s["response_reference"] for s in samples)
+    lo, hi = r["eval/reward_gain_ci95"]
+    assert lo <= r["eval/reward_gain"] <= hi
+
+
+def test_table_is_printed(stories, data_file, tmp_path, capsys):
+    assert main(_args(stories, data_file, tmp_path / "o")) == 0
+    text = capsys.readouterr().out
+    assert "reward gain +0.0000" in text and "KL(policy||ref) 0.00000" in text and "4 held-out prompts" in text
+
+
+def _vocab_mismatch(tmp_path: Path, stories: Path) -> Path:
+    from jaxppo.hf import save_pretrained
+    from jaxppo.models import CausalLM, LMConfig
+
+    hf = json.loads((stories / "config.json").read_text())
+    hf["vocab_size"] = 600
+    return save_pretrained(CausalLM(LMConfig.from_hf(hf), rngs=nnx.Rngs(0)), tmp_path / "other_vocab")
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing_policy", r"--policy .*nope does not exist"),
+    ("not_a_model_dir", r"--policy .*ckpt: no config.json"),
+    ("vocab", r"vocabulary mismatch: policy .* has vocab_size=600 but the reference .* has vocab_size=512"),
+    ("no_heldout", r"no held-out prompts in .*data.eval_fraction=0.0"),
+    ("mesh", r"mesh: data=16 x fsdp=1 x tensor=1 = 16 devices, but only 8 are available"),
+])
+def test_bad_input_is_one_line_exit_2(case, match, stories, data_file, tmp_path, capsys):
+    import re
+
+    out = tmp_path / "out"
+    extra: list[str] = []
+    if case == "missing_policy":
+        extra = ["--policy", str(tmp_path / "nope")]
+    elif case == "not_a_model_dir":
+        (tmp_path / "ckpt").mkdir()
+        extra = ["--policy", str(tmp_path / "ckpt")]
+    elif case == "vocab":
+        extra = ["--policy", str(_vocab_mismatch(tmp_path, stories))]
+    elif case == "no_heldout":
+        extra = ["data.eval_fraction=0"]
+    elif case == "mesh":
+        if len(jax.devices()) != 8:
+            pytest.skip("needs the 8 simulated devices of tests/conftest.py")
+        extra = ["mesh.data=16"]
+    assert main(_args(stories, data_file, out, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("python -m jaxppo.evaluate: error: ")
+    assert re.search(match, err), err
+    assert not (out / "eval.json").exists()
+
+
+def test_module_entry_point_reports_a_missing_policy(stories, data_file, tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, "-m", "jaxppo.evaluate", "--policy", str(tmp_path / "missing"),
+           *_args(stories, data_file, tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"python -m jaxppo.evaluate: error: FileNotFoundError: --policy {tmp_path / 'missing'} does not exist "
+        "(give a Hugging Face folder such as a training run's <output_dir>/hf, or a .gguf file)"]
+
+
+def test_unknown_config_key_exits_2(stories, data_file, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(_args(stories, data_file, tmp_path / "out", "trainer.no_such_key=1"))
+    assert e.value.code == 2
