@@ -208,3 +208,28 @@ def test_unknown_config_key_exits_2(stories, data_file, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(_args(stories, data_file, tmp_path / "out", "trainer.no_such_key=1"))
     assert e.value.code == 2
+
+
+def test_evaluating_a_training_runs_export_reproduces_its_final_evaluation(stories, data_file, tmp_path):
+    """Same config → the trainer's held-out prompts, key and sampling: eval.json of <run>/hf equals summary.json."""
+    from jaxppo.config import load_config
+    from jaxppo.trainer.loop import train
+    from jaxppo.trainer.setup import build_run
+
+    run_dir = tmp_path / "run"
+    train_args = ["actor.ppo_mini_batch_size=4", "replay.capacity=64", "trainer.total_steps=2",
+                  "trainer.save_every=2", "trainer.progress=false", "trainer.tensorboard=false",
+                  "trainer.plots=false", "actor.optim.lr=1e-2", "guards.kl_threshold=100"]
+    cfg = load_config(None, _args(stories, data_file, run_dir, *train_args))
+    summary = train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
+    assert main(_args(stories, data_file, tmp_path / "eval", *train_args, "--policy", str(run_dir / "hf"))) == 0
+    r, samples = _load(tmp_path / "eval")
+    assert r["eval/kl"] > 0.0  # the policy moved
+    assert r["n_prompts"] == summary["eval/n_prompts"]
+    assert r["eval/reward_reference"] == summary["eval/reward_before"]
+    assert r["eval/reward_policy"] == summary["eval/reward_after"]
+    assert r["eval/reward_gain_ci95"] == summary["eval/reward_gain_ci95"]
+    assert r["eval/kl"] == pytest.approx(summary["eval/kl"], rel=1e-6)
+    trained = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert [(s["prompt"], s["response_reference"], s["response_policy"]) for s in samples] == [
+        (t["prompt"], t["before"], t["after"]) for t in trained]
