@@ -16,21 +16,38 @@ from flax import nnx
 from jaxppo import ops
 
 
-def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, items: Mapping[str, jax.Array], *,
-                           share_trunk: bool) -> tuple[jax.Array, jax.Array]:
-    """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``items``."""
-    actor = nnx.merge(actor_gd, actor_params)
+def _ids_mask(items: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, int, int]:
     p = items["prompt_ids"].shape[1]
     r = items["response_ids"].shape[1]
     ids = jnp.concatenate([items["prompt_ids"], items["response_ids"]], axis=1).astype(jnp.int32)
     mask = jnp.concatenate([items["prompt_mask"], items["response_mask"]], axis=1).astype(jnp.int32)
-    h = actor.hidden_states(ids, mask)
-    h_r = h[:, p - 1:p + r - 1]
+    return ids, mask, p, r
+
+
+def response_logits(actor_gd, actor_params, items: Mapping[str, jax.Array]) -> jax.Array:
+    """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params``."""
+    actor = nnx.merge(actor_gd, actor_params)
+    ids, mask, p, r = _ids_mask(items)
+    return actor.logits_from_hidden(actor.hidden_states(ids, mask)[:, p - 1:p + r - 1]).astype(jnp.float32)
+
+
+def response_values(critic_gd, critic_params, items: Mapping[str, jax.Array]) -> jax.Array:
+    """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions."""
+    ids, mask, p, r = _ids_mask(items)
+    return nnx.merge(critic_gd, critic_params)(ids, mask)[:, p - 1:p + r - 1].astype(jnp.float32)
+
+
+def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, items: Mapping[str, jax.Array], *,
+                           share_trunk: bool) -> tuple[jax.Array, jax.Array]:
+    """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``items``."""
+    if not share_trunk:
+        return (response_logits(actor_gd, actor_params, items),
+                response_values(critic_gd, critic_params, items))
+    actor = nnx.merge(actor_gd, actor_params)
+    ids, mask, p, r = _ids_mask(items)
+    h_r = actor.hidden_states(ids, mask)[:, p - 1:p + r - 1]
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
-    if share_trunk:
-        values = nnx.merge(critic_gd, critic_params)(h_r)
-    else:
-        values = nnx.merge(critic_gd, critic_params)(ids, mask)[:, p - 1:p + r - 1]
+    values = nnx.merge(critic_gd, critic_params)(h_r)
     return logits, values.astype(jnp.float32)
 
 
@@ -44,10 +61,5 @@ def logp_entropy(logits: jax.Array, response_ids: jax.Array, response_mask: jax.
 
 def policy_logp(actor_gd, actor_params, items: Mapping[str, Any]) -> jax.Array:
     """Response-token log-probs [B,R] of the policy given by ``actor_params`` (0 outside the mask)."""
-    actor = nnx.merge(actor_gd, actor_params)
-    p = items["prompt_ids"].shape[1]
-    r = items["response_ids"].shape[1]
-    ids = jnp.concatenate([items["prompt_ids"], items["response_ids"]], axis=1).astype(jnp.int32)
-    mask = jnp.concatenate([items["prompt_mask"], items["response_mask"]], axis=1).astype(jnp.int32)
-    logits = actor.logits_from_hidden(actor.hidden_states(ids, mask)[:, p - 1:p + r - 1]).astype(jnp.float32)
+    logits = response_logits(actor_gd, actor_params, items)
     return logp_entropy(logits, items["response_ids"], items["response_mask"])[0]

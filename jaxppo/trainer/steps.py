@@ -6,13 +6,21 @@
    ``w_i = 1``). With ``pf_ppo.reweight_method`` the minibatch is resampled with verl's batch weights.
 2. Fresh log-probs/entropy/values; behaviour correction ``ρ = ops.importance_weights(prox, μ)``
    (``importance.enabled=false``: ``ρ = 1``); loss weights ``sg(w_i·ρ_t)``.
-3. ``L = pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref)) + c_v·vf``  where the value loss is weighted by
-   the PER weights ``w_i``. Separate critic: ``c_v`` only scales
-   its gradient. Gradients are accumulated over ``B / ppo_micro_batch_size`` micro-batches
-   (``lax.scan``, mean of micro-batch gradients); each model has ``clip_by_global_norm → adamw``.
-4. Non-finite loss or gradient norm: the update is skipped in-graph (old params, optimizer and
+3. Losses: actor ``pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref))``, critic ``c_v·vf`` with the value loss
+   weighted by the PER weights ``w_i`` (separate models: two independent losses, ``c_v`` only scales
+   the critic's gradient; ``critic.share_trunk``: one joint loss, the sum). Gradients are accumulated
+   over ``B / ppo_micro_batch_size`` micro-batches (``lax.scan``, mean of micro-batch gradients); each
+   model has ``clip_by_global_norm → adamw``.
+   **Epochs**: on the one sampled minibatch the actor takes ``actor.ppo_epochs`` and the critic
+   ``critic.ppo_epochs`` consecutive optimizer updates (``lax.scan`` over a static count, so the step
+   compiles once); with ``share_trunk`` the joint loss takes ``actor.ppo_epochs`` updates
+   (``critic.ppo_epochs`` is unused there). Loss/statistics metrics and gradient norms are means over
+   the epochs (and micro-batches); the importance weights use the fixed ``prox_logp``, so ``ρ`` is the
+   same in every epoch while the PPO ratio ``π_θ/π_prox`` moves.
+4. Non-finite loss or gradient norm in any epoch: the whole step is skipped in-graph (old params, optimizer and
    replay state kept), ``nan_total``/``nan_streak`` count it, metric ``train/nan_skipped`` = 1.
-5. Priorities of the sampled slots get the fresh per-sequence ``agg_t|δ_t|`` (times the filter weight).
+5. Priorities of the sampled slots get the per-sequence ``agg_t|δ_t|`` (times the filter weight) of the
+   values the critic had at the start of its **last** epoch (with one epoch: the values before the update).
 6. Adaptive KL controller: ``β ← ops.adaptive_kl_update(β, kl(prox, ref), B, target, horizon)``.
 
 ``replay/sample_efficiency`` = share of the minibatch whose effective weight ``w_i · mean_t ρ_t`` is
@@ -21,7 +29,8 @@ above 0.1 (non-negligible contribution to the gradient).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
-from jaxppo.trainer.forward import logp_entropy, response_logits_values
+from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
 from jaxppo.trainer.prepare import sequence_priority, td_residuals
 from jaxppo.trainer.state import TrainState, lr_schedule
 
@@ -58,58 +67,172 @@ def _importance(cfg, prox, behaviour, m):
     return rho, met
 
 
-def make_loss_fn(cfg: Any, actor_gd, critic_gd):
-    a, c, alg = cfg.actor, cfg.critic, cfg.algorithm
+def actor_terms(cfg: Any, logits: jax.Array, items, w: jax.Array):
+    """``(pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]``."""
+    a, alg = cfg.actor, cfg.algorithm
+    m = items["response_mask"].astype(jnp.float32)
+    logp, ent = logp_entropy(logits, items["response_ids"], items["response_mask"])
+    prox = items["prox_logp"]
+    rho, ism = _importance(cfg, prox, items["behaviour_logprobs"], m)
+    weights = jax.lax.stop_gradient(w[:, None] * rho)
+    pg_loss, pgm = ops.policy_loss(logp, prox, items["advantages"], m, clip_low=a.clip_low,
+                                   clip_high=a.clip_high, clip_c=a.clip_ratio_c, agg=a.loss_agg_mode,
+                                   weights=weights)
+    entropy = ops.aggregate(ent, m, a.loss_agg_mode)
+    kl_loss = ops.aggregate(ops.kl_penalty(logp, items["ref_logp"], a.kl_loss_type), m, a.loss_agg_mode)
+    total = pg_loss - a.entropy_coeff * entropy
+    if a.use_kl_loss:
+        total = total + a.kl_loss_coef * kl_loss
+    seq_rho = (rho * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+    aux = {
+        "actor/pg_loss": pg_loss, "actor/pg_clipfrac": pgm["pg_clipfrac"],
+        "actor/pg_clipfrac_lower": pgm["pg_clipfrac_lower"], "actor/ppo_kl": pgm["ppo_kl"],
+        "actor/entropy": entropy, "actor/kl_loss": kl_loss,
+        "critic/advantages/mean": ops.masked_mean(items["advantages"], m),
+        "critic/score/mean": jnp.mean(items["score"]),
+        "response_length/mean": jnp.mean(m.sum(-1)),
+        "is/ess": ism["ess"], "is/weight_mean": ism["weight_mean"], "is/weight_max": ism["weight_max"],
+        "is/clipped_frac": ism["clipped_frac"],
+        "replay/sample_efficiency": jnp.mean((w * seq_rho > SAMPLE_EFFICIENCY_THRESHOLD).astype(jnp.float32)),
+        "replay/per_weight_mean": jnp.mean(w),
+        "algorithm/kl": ops.masked_mean(ops.kl_penalty(prox, items["ref_logp"], alg.kl_penalty), m),
+    }
+    return total, aux
 
-    def loss_fn(params, items, w):
-        actor_p, critic_p = params
-        logits, values = response_logits_values(actor_gd, actor_p, critic_gd, critic_p, items,
-                                                share_trunk=c.share_trunk)
-        m = items["response_mask"].astype(jnp.float32)
-        logp, ent = logp_entropy(logits, items["response_ids"], items["response_mask"])
-        values = values * m
-        prox = items["prox_logp"]
-        rho, ism = _importance(cfg, prox, items["behaviour_logprobs"], m)
-        weights = jax.lax.stop_gradient(w[:, None] * rho)
-        pg_loss, pgm = ops.policy_loss(logp, prox, items["advantages"], m, clip_low=a.clip_low,
-                                       clip_high=a.clip_high, clip_c=a.clip_ratio_c, agg=a.loss_agg_mode,
-                                       weights=weights)
-        vf_loss, vfm = ops.value_loss(values, items["values"], items["returns"], m, clip=c.cliprange_value,
-                                      agg=c.loss_agg_mode, weights=jax.lax.stop_gradient(w[:, None]))
-        entropy = ops.aggregate(ent, m, a.loss_agg_mode)
-        kl_loss = ops.aggregate(ops.kl_penalty(logp, items["ref_logp"], a.kl_loss_type), m, a.loss_agg_mode)
-        total = pg_loss - a.entropy_coeff * entropy + c.vf_coef * vf_loss
-        if a.use_kl_loss:
-            total = total + a.kl_loss_coef * kl_loss
-        sv = jax.lax.stop_gradient(values)
-        delta = td_residuals(items["token_rewards"], sv, m, alg.gamma)
-        seq_rho = (rho * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
-        aux = {
-            "train/loss": total,
-            "actor/pg_loss": pg_loss, "actor/pg_clipfrac": pgm["pg_clipfrac"],
-            "actor/pg_clipfrac_lower": pgm["pg_clipfrac_lower"], "actor/ppo_kl": pgm["ppo_kl"],
-            "actor/entropy": entropy, "actor/kl_loss": kl_loss,
-            "critic/vf_loss": vf_loss, "critic/vf_clipfrac": vfm["vf_clipfrac"],
-            "critic/vf_explained_var": explained_variance(sv, items["returns"], m),
-            "critic/values/mean": ops.masked_mean(sv, m),
-            "critic/returns/mean": ops.masked_mean(items["returns"], m),
-            "critic/advantages/mean": ops.masked_mean(items["advantages"], m),
-            "critic/score/mean": jnp.mean(items["score"]),
-            "response_length/mean": jnp.mean(m.sum(-1)),
-            "is/ess": ism["ess"], "is/weight_mean": ism["weight_mean"], "is/weight_max": ism["weight_max"],
-            "is/clipped_frac": ism["clipped_frac"],
-            "replay/sample_efficiency": jnp.mean((w * seq_rho > SAMPLE_EFFICIENCY_THRESHOLD).astype(jnp.float32)),
-            "replay/per_weight_mean": jnp.mean(w),
-            "algorithm/kl": ops.masked_mean(ops.kl_penalty(prox, items["ref_logp"], alg.kl_penalty), m),
-        }
-        aux = {k: jnp.asarray(v, jnp.float32) for k, v in aux.items()}
-        return total, (aux, sequence_priority(delta, m, alg.priority_agg))
 
-    return loss_fn
+def critic_terms(cfg: Any, values: jax.Array, items, w: jax.Array):
+    """``(vf_loss (PER-weighted, clipped), metrics, priority [B] = agg_t|δ_t| of these values)``."""
+    c, alg = cfg.critic, cfg.algorithm
+    m = items["response_mask"].astype(jnp.float32)
+    values = values * m
+    vf_loss, vfm = ops.value_loss(values, items["values"], items["returns"], m, clip=c.cliprange_value,
+                                  agg=c.loss_agg_mode, weights=jax.lax.stop_gradient(w[:, None]))
+    sv = jax.lax.stop_gradient(values)
+    delta = td_residuals(items["token_rewards"], sv, m, alg.gamma)
+    aux = {
+        "critic/vf_loss": vf_loss, "critic/vf_clipfrac": vfm["vf_clipfrac"],
+        "critic/vf_explained_var": explained_variance(sv, items["returns"], m),
+        "critic/values/mean": ops.masked_mean(sv, m),
+        "critic/returns/mean": ops.masked_mean(items["returns"], m),
+    }
+    return vf_loss, aux, sequence_priority(delta, m, alg.priority_agg)
+
+
+def _f32(aux):
+    return {k: jnp.asarray(v, jnp.float32) for k, v in aux.items()}
+
+
+class Phase(NamedTuple):
+    """One optimised loss of the step: the ``TrainState`` fields it updates, its loss, its epoch count.
+
+    ``loss_fn(params: tuple, items, w) -> (loss, (aux, priority [B] or None))`` with ``params`` the
+    fields' values in ``fields`` order; ``aux["_loss"]`` is the loss itself (for the NaN check).
+    """
+    fields: tuple[str, ...]
+    loss_fn: Callable
+    epochs: int
+
+
+def make_phases(cfg: Any, actor_gd, critic_gd) -> list[Phase]:
+    """Separate models: an actor phase (``actor.ppo_epochs``) and a critic phase (``critic.ppo_epochs``,
+    loss ``c_v·vf``). ``share_trunk``: one joint phase ``pg − c_H·H + c_KL·kl + c_v·vf`` over (trunk+LM
+    head, value head) with ``actor.ppo_epochs`` epochs (every joint update moves the policy, so the
+    policy's epoch count governs; ``critic.ppo_epochs`` is not used)."""
+    c = cfg.critic
+    if c.share_trunk:
+        def joint(params, items, w):
+            logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], items,
+                                                    share_trunk=True)
+            la, aux_a = actor_terms(cfg, logits, items, w)
+            vf, aux_c, prio = critic_terms(cfg, values, items, w)
+            total = la + c.vf_coef * vf
+            return total, (_f32({**aux_a, **aux_c, "_loss": total}), prio)
+        return [Phase(("actor", "critic"), joint, cfg.actor.ppo_epochs)]
+
+    def actor_loss(params, items, w):
+        la, aux = actor_terms(cfg, response_logits(actor_gd, params[0], items), items, w)
+        return la, (_f32({**aux, "_loss": la}), None)
+
+    def critic_loss(params, items, w):
+        vf, aux, prio = critic_terms(cfg, response_values(critic_gd, params[0], items), items, w)
+        lc = c.vf_coef * vf
+        return lc, (_f32({**aux, "_loss": lc}), prio)
+
+    return [Phase(("actor",), actor_loss, cfg.actor.ppo_epochs),
+            Phase(("critic",), critic_loss, c.ppo_epochs)]
+
+
+def make_update(loss_fn: Callable, txs: tuple, n_micro: int):
+    """One optimizer update of ``loss_fn`` on a minibatch:
+    ``(params, opts, scales, items, w) -> (params, opts, aux, priority, grad_norms)``.
+
+    Gradients are the mean over ``n_micro`` equal micro-batches (``lax.scan``); metrics are the mean
+    over micro-batches; ``grad_norms`` are the global norms of each field's accumulated gradient
+    (before clipping); ``scales[i]`` (or None) multiplies field ``i``'s optimizer update (the LR cut).
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def grads(params, items, w):
+        if n_micro == 1:
+            (_, (aux, prio)), g = grad_fn(params, items, w)
+            return g, aux, prio
+        b = w.shape[0]
+        split = lambda x: x.reshape(n_micro, b // n_micro, *x.shape[1:])  # noqa: E731
+
+        def body(acc, x):
+            (_, (aux, prio)), g = grad_fn(params, x[0], x[1])
+            return jax.tree.map(jnp.add, acc, g), (aux, prio)
+
+        gsum, (aux, prio) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
+                                         (jax.tree.map(split, items), split(w)))
+        aux = jax.tree.map(jnp.mean, aux)
+        return jax.tree.map(lambda g: g / n_micro, gsum), aux, (None if prio is None else prio.reshape(b))
+
+    def update(params, opts, scales, items, w):
+        g, aux, prio = grads(params, items, w)
+        new_p, new_o, norms = [], [], []
+        for p, o, gi, tx, sc in zip(params, opts, g, txs, scales):
+            norms.append(optax.global_norm(gi))
+            u, o = tx.update(gi, o, p)
+            if sc is not None:
+                u = jax.tree.map(lambda x: x * sc.astype(x.dtype), u)
+            new_p.append(optax.apply_updates(p, u))
+            new_o.append(o)
+        return tuple(new_p), tuple(new_o), aux, prio, tuple(norms)
+
+    return update
+
+
+def run_epochs(update: Callable, epochs: int, params, opts, scales, items, w):
+    """``epochs`` consecutive ``update`` calls on the same minibatch (``lax.scan``, static count).
+
+    Returns ``(params, opts, aux, priority, grad_norms, finite)``: metrics and gradient norms are
+    means over the epochs, the priority is the one of the **last** epoch (the |δ| of the values
+    before that epoch's update), ``finite`` is true when every epoch's loss and gradient norms were.
+    """
+    def ok(aux, norms):
+        return jnp.all(jnp.isfinite(aux["_loss"])) & functools.reduce(
+            jnp.logical_and, [jnp.all(jnp.isfinite(n)) for n in norms])
+
+    if epochs == 1:
+        p, o, aux, prio, norms = update(params, opts, scales, items, w)
+        return p, o, aux, prio, norms, ok(aux, norms)
+
+    def body(carry, _):
+        p, o, aux, prio, norms = update(*carry, scales, items, w)
+        return (p, o), (aux, prio, norms)
+
+    (p, o), (aux, prio, norms) = jax.lax.scan(body, (params, opts), None, length=epochs)
+    finite = ok(aux, norms)
+    aux = jax.tree.map(jnp.mean, aux)
+    return p, o, aux, (None if prio is None else prio[-1]), tuple(jnp.mean(n) for n in norms), finite
 
 
 def _where_tree(pred, new, old):
     return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+_GRAD_NORM_KEYS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 
 def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTransformation,
@@ -123,8 +246,10 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     beta_steps = rc.beta_steps or cfg.trainer.total_steps
     actor_lr = lr_schedule(a.optim, cfg.trainer.total_steps)
     critic_lr = lr_schedule(cfg.critic.optim, cfg.trainer.total_steps)
-    loss_fn = make_loss_fn(cfg, actor_gd, critic_gd)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    txs = {"actor": actor_tx, "critic": critic_tx}
+    opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
+    phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro))
+              for ph in make_phases(cfg, actor_gd, critic_gd)]
     pf = cfg.pf_ppo
     reweight = pf.enabled and pf.reweight_method != "none"
     kc = alg.kl_ctrl
@@ -143,33 +268,21 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             items = jax.tree.map(lambda x: x[sel], items)
             w, idx = w[sel], idx[sel]
 
-        params = (state.actor, state.critic)
-        split = lambda x: x.reshape(n_micro, mb, *x.shape[1:])  # noqa: E731
-        xs = (jax.tree.map(split, items), split(w))
-        zero = jax.tree.map(jnp.zeros_like, params)
-
-        def body(acc, x):
-            (loss, (aux, prio)), g = grad_fn(params, x[0], x[1])
-            return jax.tree.map(jnp.add, acc, g), (aux, prio)
-
-        if n_micro == 1:
-            (_, (aux, prio)), grads = grad_fn(params, items, w)
-            aux = jax.tree.map(lambda x: x[None], aux)
-        else:
-            gsum, (aux, prio) = jax.lax.scan(body, zero, xs)
-            grads = jax.tree.map(lambda g: g / n_micro, gsum)
-        metrics = jax.tree.map(jnp.mean, aux)
-        prio = prio.reshape(B)
-
-        ga, gc = grads
-        gn_a, gn_c = optax.global_norm(ga), optax.global_norm(gc)
-        finite = jnp.isfinite(metrics["train/loss"]) & jnp.isfinite(gn_a) & jnp.isfinite(gn_c)
-
-        ua, actor_opt = actor_tx.update(ga, state.actor_opt, state.actor)
-        uc, critic_opt = critic_tx.update(gc, state.critic_opt, state.critic)
-        ua = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), ua)
-        actor = optax.apply_updates(state.actor, ua)
-        critic = optax.apply_updates(state.critic, uc)
+        new_fields, metrics, finite, prio, loss = {}, {}, jnp.bool_(True), None, jnp.float32(0.0)
+        for ph, update in phases:
+            params = tuple(getattr(state, f) for f in ph.fields)
+            opts = tuple(getattr(state, opt_field[f]) for f in ph.fields)
+            scales = tuple(state.lr_scale if f == "actor" else None for f in ph.fields)
+            p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, scales, items, w)
+            for f, pi, oi, n in zip(ph.fields, p, o, norms):
+                new_fields[f], new_fields[opt_field[f]] = pi, oi
+                metrics[_GRAD_NORM_KEYS[f]] = n
+            loss = loss + aux.pop("_loss")
+            metrics.update(aux)
+            finite = finite & ok
+            if ph_prio is not None:
+                prio = ph_prio
+        metrics["train/loss"] = loss
 
         rs = state.replay
         if prioritized:
@@ -180,9 +293,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
                                              horizon=kc.horizon)
 
         new = state.replace(
-            actor=_where_tree(finite, actor, state.actor), actor_opt=_where_tree(finite, actor_opt, state.actor_opt),
-            critic=_where_tree(finite, critic, state.critic),
-            critic_opt=_where_tree(finite, critic_opt, state.critic_opt),
+            **{f: _where_tree(finite, v, getattr(state, f)) for f, v in new_fields.items()},
             replay=_where_tree(finite, rs, state.replay),
             kl_coef=jnp.where(finite, kl_coef, state.kl_coef).astype(jnp.float32),
             nan_total=state.nan_total + (~finite).astype(jnp.int32),
@@ -192,7 +303,6 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         filled = (jnp.arange(rs.priorities.shape[0]) < rs.size) & (rs.priorities > 0)
         pr = jnp.where(filled, new.replay.priorities, 0.0)
         metrics.update({
-            "actor/grad_norm": gn_a, "critic/grad_norm": gn_c,
             "actor/lr": actor_lr(state.step) * state.lr_scale, "critic/lr": critic_lr(state.step),
             "actor/kl_coef": jnp.float32(a.kl_loss_coef if a.use_kl_loss else 0.0),
             "algorithm/kl_coef": new.kl_coef,

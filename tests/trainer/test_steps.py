@@ -91,3 +91,36 @@ def test_ablation_switches_run_and_behave(make_cfg):
     assert float(state.step) == 3
     # uniform sampling never writes priorities: they are still the filter weights
     np.testing.assert_array_equal(np.asarray(state.replay.priorities)[: fw.size], fw)
+
+
+def test_ppo_epochs_equal_repeated_updates_on_one_minibatch(make_cfg):
+    """actor.ppo_epochs=2, critic.ppo_epochs=3 in one step == the 1-epoch step called 3 times on the same
+    minibatch (step counter and replay state reset before each call, so the same sample is drawn): actor
+    and its optimizer after call 2, critic, its optimizer and the written priorities (|δ| of the last
+    critic epoch) after call 3; metrics are the means over each model's epochs."""
+    from jaxppo.trainer.state import shardings_of
+
+    ref = build_run(make_cfg("actor.ppo_epochs=1", "critic.ppo_epochs=1"), devices=jax.devices()[:1])
+    s = ref.prepare(ref.state)
+    host0, sh0 = jax.device_get(s), shardings_of(s)
+    after, ms = [], []
+    for _ in range(3):
+        s, m = ref.step(s)
+        after.append(jax.device_get(s))
+        ms.append({k: float(v) for k, v in jax.device_get(m).items()})
+        s = jax.tree.map(jax.device_put, after[-1].replace(step=host0.step, replay=host0.replay), sh0)
+    assert not _leaves_equal(after[0].actor, after[1].actor)     # a second update on the batch moves the actor
+
+    run = build_run(make_cfg("actor.ppo_epochs=2", "critic.ppo_epochs=3"), devices=jax.devices()[:1])
+    s2, m2 = run.step(run.prepare(run.state))
+    s2 = jax.device_get(s2)
+    close = dict(rtol=1e-5, atol=1e-6)
+    for got, want in [((s2.actor, s2.actor_opt), (after[1].actor, after[1].actor_opt)),
+                      ((s2.critic, s2.critic_opt, s2.replay.priorities),
+                       (after[2].critic, after[2].critic_opt, after[2].replay.priorities))]:
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), **close)
+    assert int(s2.step) == 1 and float(m2["train/nan_skipped"]) == 0.0
+    for key, n in [("actor/pg_loss", 2), ("actor/grad_norm", 2), ("actor/ppo_kl", 2),
+                   ("critic/vf_loss", 3), ("critic/grad_norm", 3)]:
+        assert float(m2[key]) == pytest.approx(np.mean([x[key] for x in ms[:n]]), rel=1e-4, abs=1e-6), key
