@@ -95,8 +95,8 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.parallel import make_mesh, merged_rules
     from jaxppo.rewards import reward_fn_from_config
-    from jaxppo.trainer.evaluation import bootstrap_ci, evaluate_policy, heldout_perplexity
-    from jaxppo.trainer.loop import _eval_prompts
+    from jaxppo.trainer.evaluation import (bootstrap_ci, evaluate_policy, heldout_eval_prompts, heldout_perplexity,
+                                           prompt_means)
     from jaxppo.trainer.setup import _DTYPES, split_data
 
     t0 = time.perf_counter()
@@ -124,7 +124,8 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     check_same_vocab(pol_model, reference, pol_path, ref_path, tokenizer)
 
     _, heldout, _ = split_data(cfg, tokenizer)  # the trainer's rows and split (behaviour log-probs not needed)
-    prompt_ids, prompt_mask = _eval_prompts(heldout, cfg.trainer.eval_prompts)
+    k = cfg.trainer.eval_samples
+    prompt_ids, prompt_mask = heldout_eval_prompts(heldout, cfg.trainer.eval_prompts, k)
     if prompt_ids.shape[0] == 0:
         raise ValueError(f"no held-out prompts in {cfg.data.path}: data.eval_fraction={cfg.data.eval_fraction} "
                          "leaves none (set data.eval_fraction > 0 and a dataset with at least 2 prompt groups)")
@@ -142,8 +143,9 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     ppl_ref = heldout_perplexity(reference, heldout, batch_size=cfg.data.behaviour_batch_size)
     ppl_pol = ppl_ref if pol_model is reference else heldout_perplexity(pol_model, heldout,
                                                                         batch_size=cfg.data.behaviour_batch_size)
-    rr = np.asarray(ref_ev["rewards"], np.float64)
-    rp = np.asarray(pol_ev["rewards"], np.float64)
+    rr_s = np.asarray(ref_ev["rewards"], np.float64)
+    rp_s = np.asarray(pol_ev["rewards"], np.float64)
+    rr, rp = prompt_means(rr_s, k), prompt_means(rp_s, k)
     lo, hi = bootstrap_ci(rr, rp, seed=cfg.trainer.seed)
     result: dict[str, Any] = {
         "eval/reward_policy": float(rp.mean()), "eval/reward_reference": float(rr.mean()),
@@ -151,17 +153,17 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
         "eval/kl": float(pol_ev["kl"]), "eval/perplexity": float(ppl_pol), "eval/perplexity_reference": float(ppl_ref),
         "eval/response_length_policy": float(pol_ev["response_length"]),
         "eval/response_length_reference": float(ref_ev["response_length"]),
-        "n_prompts": int(rp.size), "n_heldout_rows": int(heldout["prompt_ids"].shape[0]),
+        "n_prompts": int(rp.size), "samples_per_prompt": k, "n_heldout_rows": int(heldout["prompt_ids"].shape[0]),
         "policy": pol_path, "reference": ref_path, "reward": cfg.reward.kind,
         "time_s": {"load": t_load, "generate": t_gen, "total": time.perf_counter() - t0},
         "config": to_dict(cfg),
     }
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(rp.size):
+        for i in range(rp_s.size):
             fh.write(json.dumps({"prompt": pol_ev["prompts"][i], "response_policy": pol_ev["responses"][i],
-                                 "response_reference": ref_ev["responses"][i], "reward_policy": float(rp[i]),
-                                 "reward_reference": float(rr[i])}, ensure_ascii=False) + "\n")
+                                 "response_reference": ref_ev["responses"][i], "reward_policy": float(rp_s[i]),
+                                 "reward_reference": float(rr_s[i])}, ensure_ascii=False) + "\n")
     (out / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     return result
 

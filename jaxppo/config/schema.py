@@ -228,6 +228,7 @@ class TrainerConfig:
     log_every: int = field(1, ge=1)
     eval_every: int | None = field(None, ge=1)
     eval_prompts: int = field(64, ge=1)
+    eval_samples: int = field(1, ge=1)  # responses per held-out prompt; rewards are averaged per prompt
     progress: bool = True
     tensorboard: bool = True
     plots: bool = True

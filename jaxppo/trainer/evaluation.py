@@ -57,6 +57,28 @@ def bootstrap_ci(before: Sequence[float] | np.ndarray, after: Sequence[float] | 
     return float(lo), float(hi)
 
 
+
+def heldout_eval_prompts(heldout: Mapping[str, np.ndarray], n_max: int,
+                         samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt ids/mask of the evaluation: one prompt per held-out group (its first row), at most ``n_max``,
+    each repeated ``samples`` times in a row (``[n·samples, P]``)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if heldout["prompt_ids"].shape[0] == 0:
+        return heldout["prompt_ids"], heldout["prompt_mask"]
+    _, first = np.unique(heldout["group_id"], return_index=True)
+    first = np.repeat(np.sort(first)[:n_max], samples)
+    return heldout["prompt_ids"][first], heldout["prompt_mask"][first]
+
+
+def prompt_means(values: Sequence[float] | np.ndarray, samples: int) -> np.ndarray:
+    """Per-prompt mean of ``values`` laid out as ``samples`` consecutive entries per prompt (see
+    :func:`heldout_eval_prompts`): ``[n·samples] -> [n]``. The bootstrap then resamples prompts, not samples."""
+    v = np.asarray(values, np.float64)
+    if v.ndim != 1 or v.size % samples:
+        raise ValueError(f"expected a flat array whose length is a multiple of samples={samples}, got shape {v.shape}")
+    return v.reshape(-1, samples).mean(axis=1)
+
 def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batch_size: int = 32) -> float:
     """Perplexity of the response tokens of ``arrays`` (prompt_ids/prompt_mask/response_ids/response_mask)."""
     for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"):

@@ -38,15 +38,6 @@ logger = logging.getLogger("jaxppo.trainer")
 ROLLBACK_FIELDS = ("actor", "actor_opt", "critic", "critic_opt", "replay", "kl_coef")
 
 
-def _eval_prompts(heldout: dict[str, np.ndarray], n_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """One prompt per held-out group (its first row), at most ``n_max``."""
-    if heldout["prompt_ids"].shape[0] == 0:
-        return heldout["prompt_ids"], heldout["prompt_mask"]
-    _, first = np.unique(heldout["group_id"], return_index=True)
-    first = np.sort(first)[:n_max]
-    return heldout["prompt_ids"][first], heldout["prompt_mask"][first]
-
-
 def _eos_ids(run: Run):
     ids = tuple(getattr(run.policy().config, "eos_token_ids", ()) or ())
     tok_eos = getattr(run.tokenizer, "eos_token_id", None)
@@ -62,7 +53,11 @@ class _Evaluator:
 
         cfg = run.cfg
         self.run = run
-        self.prompt_ids, self.prompt_mask = _eval_prompts(run.heldout, cfg.trainer.eval_prompts)
+        from jaxppo.trainer.evaluation import heldout_eval_prompts
+
+        self.samples = cfg.trainer.eval_samples
+        self.prompt_ids, self.prompt_mask = heldout_eval_prompts(run.heldout, cfg.trainer.eval_prompts,
+                                                                 self.samples)
         self.reward_fn = reward_fn_from_config(cfg.reward)
         ro = cfg.rollout
         self.kw = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length),
@@ -194,7 +189,7 @@ def _apply_action(run: Run, ckpt: Checkpointer, state, act, step_no: int):
 
 
 def _finish(run: Run, state, evaluator: _Evaluator, out: Path, timing: dict) -> dict[str, Any]:
-    from jaxppo.trainer.evaluation import bootstrap_ci
+    from jaxppo.trainer.evaluation import bootstrap_ci, prompt_means
 
     cfg = run.cfg
     summary: dict[str, Any] = {"steps": cfg.trainer.total_steps, "resumed_from": timing["start_step"],
@@ -207,18 +202,20 @@ def _finish(run: Run, state, evaluator: _Evaluator, out: Path, timing: dict) -> 
     if evaluator.available:
         before = evaluator(run.ref_params)
         after = evaluator(state.actor)
-        rb, ra = np.asarray(before["rewards"], np.float64), np.asarray(after["rewards"], np.float64)
+        rb_s, ra_s = np.asarray(before["rewards"], np.float64), np.asarray(after["rewards"], np.float64)
+        rb, ra = prompt_means(rb_s, evaluator.samples), prompt_means(ra_s, evaluator.samples)
         lo, hi = bootstrap_ci(rb, ra, seed=cfg.trainer.seed)
-        summary.update({"eval/n_prompts": int(rb.size), "eval/reward_before": float(rb.mean()),
+        summary.update({"eval/n_prompts": int(rb.size), "eval/samples_per_prompt": evaluator.samples,
+                        "eval/reward_before": float(rb.mean()),
                         "eval/reward_after": float(ra.mean()), "eval/reward_gain": float(ra.mean() - rb.mean()),
                         "eval/reward_gain_ci95": [float(lo), float(hi)], "eval/kl": float(after["kl"]),
                         "eval/response_length_before": float(before["response_length"]),
                         "eval/response_length_after": float(after["response_length"])})
         with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as fh:
-            for i in range(rb.size):
+            for i in range(rb_s.size):
                 fh.write(json.dumps({"prompt": after["prompts"][i], "before": before["responses"][i],
-                                     "after": after["responses"][i], "reward_before": float(rb[i]),
-                                     "reward_after": float(ra[i])}, ensure_ascii=False) + "\n")
+                                     "after": after["responses"][i], "reward_before": float(rb_s[i]),
+                                     "reward_after": float(ra_s[i])}, ensure_ascii=False) + "\n")
     else:
         logger.warning("no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
     summary["time/eval_s"] = time.perf_counter() - t0

@@ -202,3 +202,26 @@ def test_evaluate_policy_kl_zero_against_itself_and_greedy_batch_invariance():
     with pytest.raises(ValueError, match="reward_fn returned shape"):
         evaluate_policy(pol, pol, CharTokenizer(), arr["prompt_ids"], arr["prompt_mask"],
                         lambda p, r: np.zeros(1), jax.random.key(0), batch_size=4, **kw)
+
+
+def test_heldout_eval_prompts_one_per_group_repeated():
+    from jaxppo.trainer.evaluation import heldout_eval_prompts
+
+    ids = np.arange(6)[:, None] * np.ones((1, 3), np.int32)
+    heldout = {"prompt_ids": ids, "prompt_mask": np.ones_like(ids), "group_id": np.array([7, 7, 3, 3, 9, 9])}
+    p, m = heldout_eval_prompts(heldout, 2)
+    np.testing.assert_array_equal(p[:, 0], [0, 2])  # first row of the first two groups, in row order
+    p, m = heldout_eval_prompts(heldout, 5, samples=3)
+    np.testing.assert_array_equal(p[:, 0], [0, 0, 0, 2, 2, 2, 4, 4, 4])
+    assert m.shape == p.shape
+    with pytest.raises(ValueError, match="samples"):
+        heldout_eval_prompts(heldout, 2, samples=0)
+
+
+def test_prompt_means_average_consecutive_samples():
+    from jaxppo.trainer.evaluation import prompt_means
+
+    np.testing.assert_allclose(prompt_means([1.0, 3.0, -2.0, 0.0], 2), [2.0, -1.0])
+    np.testing.assert_allclose(prompt_means([1.0, 3.0], 1), [1.0, 3.0])
+    with pytest.raises(ValueError, match="multiple of samples=3"):
+        prompt_means([1.0, 2.0], 3)
