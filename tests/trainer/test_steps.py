@@ -124,3 +124,28 @@ def test_ppo_epochs_equal_repeated_updates_on_one_minibatch(make_cfg):
     for key, n in [("actor/pg_loss", 2), ("actor/grad_norm", 2), ("actor/ppo_kl", 2),
                    ("critic/vf_loss", 3), ("critic/grad_norm", 3)]:
         assert float(m2[key]) == pytest.approx(np.mean([x[key] for x in ms[:n]]), rel=1e-4, abs=1e-6), key
+
+
+def test_dataset_larger_than_buffer_moves_window_by_window(make_cfg):
+    """replay.capacity below the training rows: window k holds rows (k·n_use + j) mod n_rows (wrapping),
+    with their data and reference log-probs; after prepare the step runs on it without recompiling."""
+    from jaxppo.trainer.setup import load_window
+
+    run = build_run(make_cfg("replay.capacity=48", "critic.ppo_epochs=1"), devices=jax.devices()[:1])
+    n_rows = run.train["prompt_ids"].shape[0]
+    assert n_rows > 2 * 48 and run.n_use == 48 and run.capacity == 48
+    np.testing.assert_array_equal(np.asarray(run.state.replay.storage["row"]), np.arange(48))
+    state = run.prepare(run.state)
+    state, _ = run.step(state)
+    for k in (1, 2, 3):      # 3·48 > n_rows: the third window wraps to the start of the dataset
+        state = run.prepare(load_window(run, state, k))
+        rows = (k * 48 + np.arange(48)) % n_rows
+        st = jax.device_get(state.replay.storage)
+        assert int(state.data_cursor) == (k * 48) % n_rows
+        np.testing.assert_array_equal(st["row"], rows)
+        np.testing.assert_array_equal(st["response_ids"], run.train["response_ids"][rows])
+        np.testing.assert_array_equal(st["ref_logp"], run.train["ref_logp"][rows])
+        assert (np.asarray(state.replay.priorities)[:48] > 0).all()
+        state, m = run.step(state)
+        assert m["train/nan_skipped"] == 0.0
+    assert run.step._cache_size() == 1 and run.prepare._cache_size() == 1
