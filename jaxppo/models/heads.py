@@ -44,38 +44,37 @@ def _trunk_copy(lm: CausalLM) -> Transformer:
     return trunk
 
 
-class ValueModel(nnx.Module):
-    """Critic: trunk + per-token scalar head. ``model(input_ids, attention_mask) -> values [B, T] float32``."""
+class _TrunkWithHead(nnx.Module):
+    """A decoder trunk (``self.model``) plus one fresh :class:`ScalarHead` stored as ``self.<HEAD>``."""
+
+    HEAD = "head"
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs | None = None, trunk: Transformer | None = None):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         self.config = config
         self.model = Transformer(config, rngs=rngs) if trunk is None else trunk
-        self.value_head = ScalarHead(config.hidden_size, rngs=rngs, std=config.initializer_range,
-                                     dtype=config.param_dtype)
+        setattr(self, self.HEAD, ScalarHead(config.hidden_size, rngs=rngs, std=config.initializer_range,
+                                            dtype=config.param_dtype))
 
     @classmethod
-    def from_lm(cls, lm: CausalLM, *, rngs: nnx.Rngs | None = None) -> "ValueModel":
-        """A critic whose trunk starts from (a copy of) ``lm``'s trunk weights, with a fresh head."""
+    def from_lm(cls, lm: CausalLM, *, rngs: nnx.Rngs | None = None):
+        """A model whose trunk starts from (a copy of) ``lm``'s trunk weights, with a fresh head."""
         return cls(lm.config, rngs=rngs, trunk=_trunk_copy(lm))
+
+
+class ValueModel(_TrunkWithHead):
+    """Critic: trunk + per-token scalar head. ``model(input_ids, attention_mask) -> values [B, T] float32``."""
+
+    HEAD = "value_head"
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         return self.value_head(self.model(input_ids, attention_mask))
 
 
-class RewardModel(nnx.Module):
+class RewardModel(_TrunkWithHead):
     """Reward model: trunk + scalar head at the last real token. ``model(ids, mask) -> scores [B] float32``."""
 
-    def __init__(self, config: LMConfig, *, rngs: nnx.Rngs | None = None, trunk: Transformer | None = None):
-        rngs = nnx.Rngs(0) if rngs is None else rngs
-        self.config = config
-        self.model = Transformer(config, rngs=rngs) if trunk is None else trunk
-        self.score_head = ScalarHead(config.hidden_size, rngs=rngs, std=config.initializer_range,
-                                     dtype=config.param_dtype)
-
-    @classmethod
-    def from_lm(cls, lm: CausalLM, *, rngs: nnx.Rngs | None = None) -> "RewardModel":
-        return cls(lm.config, rngs=rngs, trunk=_trunk_copy(lm))
+    HEAD = "score_head"
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         input_ids = jnp.asarray(input_ids)
