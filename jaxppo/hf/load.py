@@ -175,7 +175,11 @@ def load_tokenizer(path: str | Path):
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        try:
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        except ImportError as e:  # transformers' GGUF reader imports torch
+            raise ImportError(f"reading the tokenizer of {path.name} needs torch (transformers' GGUF reader): "
+                              f"pip install -e '.[gguf]' (torch==2.13.0); original error: {e}") from e
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer path {path} is not a directory or a .gguf file")
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
