@@ -28,3 +28,12 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.fail(f"../shared assets not found at {SHARED} (set JAXPPO_SHARED to its location)")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def stories_model(shared_dir) -> Path:
+    """``../shared/models/stories260K`` (a real 260K-parameter Llama in HF format)."""
+    p = shared_dir / "models" / "stories260K"
+    if not p.is_dir():
+        pytest.fail(f"stories260K not found at {p}")
+    return p

@@ -30,11 +30,8 @@ SMALL = ["data.max_prompt_length=24", "data.max_response_length=12", "rollout.ma
 
 
 @pytest.fixture(scope="module")
-def stories(shared_dir) -> Path:
-    p = shared_dir / "models" / "stories260K"
-    if not p.is_dir():
-        pytest.fail(f"stories260K not found at {p}")
-    return p
+def stories(stories_model) -> Path:
+    return stories_model
 
 
 @pytest.fixture(scope="module")

@@ -251,3 +251,16 @@ def importance_weights(target, behaviour, mask, level, mode, threshold, lower=No
 def adaptive_kl(coef, kl_value, n_steps, target, horizon):
     err = min(max(kl_value / target - 1.0, -0.2), 0.2)
     return coef * (1.0 + err * n_steps / horizon)
+
+
+def finite_difference_grad(f, x: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+    """Central differences ``(f(x + eps·e_i) - f(x - eps·e_i)) / 2eps`` of a scalar ``f`` at every entry of ``x``
+    (evaluated in float64)."""
+    x = np.asarray(x, np.float64)
+    out = np.zeros(x.shape)
+    for idx in np.ndindex(*x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += eps
+        xm[idx] -= eps
+        out[idx] = (f(xp) - f(xm)) / (2 * eps)
+    return out

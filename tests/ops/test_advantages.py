@@ -71,15 +71,9 @@ class GaeTest(chex.TestCase):
                 adv, ret = ref.gae(r_, v_, m, 0.9, 0.8)
                 return float(np.sum(c * adv) + 0.5 * np.sum(c * ret))
 
-            eps = 1e-3
-            for grad, which in ((g_r, 0), (g_v, 1)):
-                fd = np.zeros(r.shape)
-                for idx in np.ndindex(*r.shape):
-                    args_p = [r.astype(np.float64), v.astype(np.float64)]
-                    args_m = [a.copy() for a in args_p]
-                    args_p[which][idx] += eps
-                    args_m[which][idx] -= eps
-                    fd[idx] = (ref_objective(*args_p) - ref_objective(*args_m)) / (2 * eps)
+            fd_r = ref.finite_difference_grad(lambda r_: ref_objective(r_, v.astype(np.float64)), r, eps=1e-3)
+            fd_v = ref.finite_difference_grad(lambda v_: ref_objective(r.astype(np.float64), v_), v, eps=1e-3)
+            for grad, fd in ((g_r, fd_r), (g_v, fd_v)):
                 np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4)
 
 

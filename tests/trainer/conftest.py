@@ -36,14 +36,6 @@ def compile_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def stories_model(shared_dir) -> Path:
-    p = shared_dir / "models" / "stories260K"
-    if not p.is_dir():
-        pytest.fail(f"stories260K not found at {p}")
-    return p
-
-
-@pytest.fixture(scope="session")
 def scored_data(tmp_path_factory, stories_model) -> Path:
     """``data.jsonl``: 4 stories260K samples for each of 40 story openings, VADER-scored (jaxppo.collect)."""
     from jaxppo.collect import collect
