@@ -14,9 +14,12 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("ci", max_examples=40, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.load_profile("ci")
+_QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large]
+# "ci" (the default) draws the same examples on every run, so a red CI is reproducible and never a coin
+# flip; "dev" explores: `python -m pytest --hypothesis-profile=dev` (random seeds, 10x the examples).
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, suppress_health_check=_QUIET)
+settings.register_profile("dev", max_examples=400, deadline=None, suppress_health_check=_QUIET)
+settings.load_profile(os.environ.get("JAXPPO_HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("JAXPPO_SHARED", REPO.parent / "shared"))

@@ -50,11 +50,16 @@ class TestBradleyTerryLoss(chex.TestCase):
         np.testing.assert_allclose(g(rc, rj), want, rtol=1e-5)
 
 
-@given(st.lists(st.tuples(st.floats(-30, 30), st.floats(-30, 30), st.floats(0.1, 3.0)), min_size=1, max_size=12))
+_f32 = st.floats(-30, 30, width=32, allow_subnormal=False)
+
+
+@given(st.lists(st.tuples(_f32, _f32, st.floats(0.1, 3.0)), min_size=1, max_size=12))
 def test_loss_matches_a_plain_python_reference(rows):
     rc, rj, w = (np.array(x, np.float32) for x in zip(*rows))
     loss, m = bradley_terry_loss(jnp.asarray(rc), jnp.asarray(rj), jnp.asarray(w))
     d = rc.astype(np.float64) - rj
+    # XLA on CPU flushes float32 subnormals to zero, so a margin below the smallest normal float32 is no win
+    d = np.where(np.abs(rc - rj) < np.finfo(np.float32).tiny, 0.0, d)
     want = sum(wi * _softplus(-di) for wi, di in zip(w, d)) / w.sum()
     np.testing.assert_allclose(float(loss), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(float(m["accuracy"]), float((w * (d > 0)).sum() / w.sum()), atol=1e-6)
