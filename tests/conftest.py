@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large]
 # "ci" (the default) draws the same examples on every run, so a red CI is reproducible and never a coin
-# flip; "dev" explores: `python -m pytest --hypothesis-profile=dev` (random seeds, 10x the examples).
+# flip; "dev" explores: `JAXPPO_HYPOTHESIS_PROFILE=dev python -m pytest` (random seeds, 10x the examples).
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, suppress_health_check=_QUIET)
 settings.register_profile("dev", max_examples=400, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("JAXPPO_HYPOTHESIS_PROFILE", "ci"))
