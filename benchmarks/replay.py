@@ -1,7 +1,13 @@
 """Prioritized replay step time: jaxppo.replay vs flashbax's prioritised item buffer, side by side.
 
-One step = ``sample(256)`` + ``update_priorities(256)`` (flashbax: ``sample`` + ``set_priorities``), each
-library's step jitted with its state donated, on a full buffer of N items with random priorities.
+One step = ``sample(256)`` + ``update_priorities(256)`` (flashbax: ``sample`` + ``set_priorities``) on a
+full buffer of N items with random priorities, timed two ways for each library:
+
+- per call: the step jitted on its own with its state donated, called from Python (includes JAX's
+  per-call dispatch, ~17 µs for an identity step on this state);
+- in graph: ``STEPS_PER_SCAN`` steps inside one jitted ``lax.scan`` (state donated), per step: the
+  cost inside a jitted training step, which is how ``jaxppo.trainer`` uses the buffer.
+
 jaxppo's step also computes the PER importance weights (flashbax has none). Repeats are interleaved
 (jaxppo, flashbax, jaxppo, ...); the median and the minimum per-step time over repeats are reported,
 with the ratios (also the median of the per-repeat ratios). No PRNG call is timed outside the buffers'
@@ -31,6 +37,7 @@ import numpy as np
 from jaxppo import replay
 
 BATCH = 256
+STEPS_PER_SCAN = 100
 ALPHA = 0.6
 EPS = 1e-6
 ITEM_LEN = 8
@@ -62,7 +69,7 @@ def jaxppo_setup(n: int, key: jax.Array, leaf_fanout: int | None):
         td = fake_td(s.indices, s.weights)
         return replay.update_priorities(state, s.indices, td), s.weights.sum()
 
-    return state, jax.jit(step, donate_argnums=0)
+    return state, step
 
 
 def flashbax_setup(n: int, key: jax.Array):
@@ -81,7 +88,15 @@ def flashbax_setup(n: int, key: jax.Array):
         td = fake_td(s.indices, s.probabilities)
         return buf.set_priorities(state, s.indices, td + EPS), s.probabilities.sum()   # it applies ^alpha
 
-    return state, jax.jit(step, donate_argnums=0)
+    return state, step
+
+
+def in_graph(step):
+    """``len(keys)`` steps in one jitted scan; returns the final state and the last output."""
+    def run(state, keys):
+        state, outs = jax.lax.scan(step, state, keys)
+        return state, outs[-1]
+    return jax.jit(run, donate_argnums=0)
 
 
 def time_steps(step, state, keys) -> tuple[float, object]:
@@ -97,26 +112,35 @@ def time_steps(step, state, keys) -> tuple[float, object]:
 def bench(n: int, steps: int, repeats: int, leaf_fanout: int | None, with_flashbax: bool) -> dict:
     key = jax.random.key(n)
     keys = list(jax.random.split(jax.random.key(1), steps))
-    ours_state, ours_step = jaxppo_setup(n, key, leaf_fanout)
-    runners = {"jaxppo": [ours_step, ours_state, []]}
+    scan_keys = [jax.random.split(jax.random.key(2), STEPS_PER_SCAN)] * max(1, steps // STEPS_PER_SCAN)
+    setups = {"jaxppo": lambda: jaxppo_setup(n, key, leaf_fanout)}
     if with_flashbax:
-        fbx_state, fbx_step = flashbax_setup(n, key)
-        runners["flashbax"] = [fbx_step, fbx_state, []]
-    for _ in range(repeats):
-        for r in runners.values():
-            t, r[1] = time_steps(r[0], r[1], keys)
-            r[2].append(t)
-    layout = ours_state.layout          # static, still readable after the arrays were donated
+        setups["flashbax"] = lambda: flashbax_setup(n, key)
+    runners = {}
+    for name, setup in setups.items():
+        state, step = setup()
+        runners[(name, "call")] = [jax.jit(step, donate_argnums=0), state, [], keys, 1]
+        state, _ = setup()
+        runners[(name, "graph")] = [in_graph(step), state, [], scan_keys, STEPS_PER_SCAN]
+    for _ in range(repeats):                       # interleaved: jaxppo, flashbax, jaxppo, ...
+        for mode in ("call", "graph"):
+            for name in setups:
+                r = runners[(name, mode)]
+                t, r[1] = time_steps(r[0], r[1], r[3])
+                r[2].append(t / r[4])
+    layout = runners[("jaxppo", "call")][1].layout   # static, readable after the arrays were donated
     row = {"N": n, "tree": "x".join(map(str, (layout.top, *reversed(layout.fanouts))))}
-    for name, r in runners.items():
-        row[f"{name}_us"] = statistics.median(r[2]) * 1e6
-        row[f"{name}_us_min"] = min(r[2]) * 1e6
+    for (name, mode), r in runners.items():
+        sfx = "" if mode == "call" else "_graph"
+        row[f"{name}{sfx}_us"] = statistics.median(r[2]) * 1e6
+        row[f"{name}{sfx}_us_min"] = min(r[2]) * 1e6
     if with_flashbax:
-        row["speedup"] = row["flashbax_us"] / row["jaxppo_us"]
-        row["speedup_min"] = row["flashbax_us_min"] / row["jaxppo_us_min"]
-        # per-repeat ratios (each pair measured back to back): robust to slow drifts in machine load
-        row["speedup_paired_median"] = statistics.median(f / o for f, o in zip(runners["flashbax"][2],
-                                                                                runners["jaxppo"][2]))
+        for mode, sfx in (("call", ""), ("graph", "_graph")):
+            ours, fb = runners[("jaxppo", mode)][2], runners[("flashbax", mode)][2]
+            row[f"speedup{sfx}"] = statistics.median(fb) / statistics.median(ours)
+            row[f"speedup{sfx}_min"] = min(fb) / min(ours)
+            # per-repeat ratios (each pair measured back to back): robust to slow drifts in machine load
+            row[f"speedup{sfx}_paired_median"] = statistics.median(f / o for f, o in zip(fb, ours))
     return row
 
 
@@ -131,18 +155,21 @@ def main() -> None:
     args = ap.parse_args()
 
     rows = [bench(n, args.steps, args.repeats, args.leaf_fanout, not args.no_flashbax) for n in args.sizes]
-    header = (f"{'N':>9} {'tree (top x ... x leaf)':>24} {'jaxppo us (med/min)':>20} "
+    header = (f"{'N':>9} {'tree (top x ... x leaf)':>24} {'mode':>6} {'jaxppo us (med/min)':>20} "
               f"{'flashbax us (med/min)':>22} {'speedup med/min/paired':>23}")
     print(header)
     for r in rows:
-        ours = f"{r['jaxppo_us']:.1f} / {r['jaxppo_us_min']:.1f}"
-        fb = f"{r['flashbax_us']:.1f} / {r['flashbax_us_min']:.1f}" if "flashbax_us" in r else "-"
-        sp = (f"{r['speedup']:.2f} / {r['speedup_min']:.2f} / {r['speedup_paired_median']:.2f}"
-              if "speedup" in r else "-")
-        print(f"{r['N']:>9} {r['tree']:>24} {ours:>20} {fb:>22} {sp:>23}")
+        for mode, sfx in (("call", ""), ("graph", "_graph")):
+            ours = f"{r[f'jaxppo{sfx}_us']:.1f} / {r[f'jaxppo{sfx}_us_min']:.1f}"
+            fb = (f"{r[f'flashbax{sfx}_us']:.1f} / {r[f'flashbax{sfx}_us_min']:.1f}"
+                  if f"flashbax{sfx}_us" in r else "-")
+            sp = (f"{r[f'speedup{sfx}']:.2f} / {r[f'speedup{sfx}_min']:.2f} / "
+                  f"{r[f'speedup{sfx}_paired_median']:.2f}" if f"speedup{sfx}" in r else "-")
+            print(f"{r['N']:>9} {r['tree']:>24} {mode:>6} {ours:>20} {fb:>22} {sp:>23}")
     meta = {"batch": BATCH, "alpha": ALPHA, "steps": args.steps, "repeats": args.repeats,
             "jax": jax.__version__, "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "step": "sample(256) + update_priorities(256), jitted, donated",
+            "steps_per_scan": STEPS_PER_SCAN,
             "loadavg_after": os.getloadavg()}
     try:
         import flashbax

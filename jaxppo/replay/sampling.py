@@ -13,6 +13,11 @@ scale would misplace mass of ~``T·2^-24``: several percent of an average item a
 Zero mass is never chosen: a child is the first one with POSITIVE mass whose inclusive prefix exceeds
 the residual (the within-row prefix is computed in floating point and is monotone only up to round-off, so the
 mass test matters in round-off cases only), and the residual is clamped into ``[0, mass of the child)``.
+
+Speed (XLA:CPU, where a step costs about one microsecond per kernel): each level is one gather of the
+``[B, f]`` child rows and ONE variadic reduction that picks the child and reads its mass and prefix
+(``_choose_rows``); the random points and the final indices are forced into buffers so that XLA does
+not fuse their producers into (and recompute them in) every consumer.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.replay import rng
+from jaxppo.replay.tree import row_sum
 
 
 def _two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -72,25 +78,36 @@ def _residual(hi, lo, start, mass):
 
 def _choose_rows(rows: jax.Array, hi: jax.Array, lo: jax.Array):
     """Per row of ``rows`` ``[B, f]``: the first child with positive mass whose inclusive prefix exceeds
-    the residual point ``hi + lo``; with exact arithmetic that is the child whose interval contains it,
-    and it never has zero mass even when round-off makes the prefix non-monotone.
+    the residual point ``hi + lo`` (with exact arithmetic, the child whose interval contains it); if
+    round-off leaves the point at or past the row's end, the last positive child (child 0 if none is
+    positive). A zero-mass child is never chosen, even where round-off makes the prefix non-monotone.
+
+    One variadic reduction over the row: column ``t`` gets a distinct key (``t`` if it qualifies,
+    ``2f - t`` if it is only positive, ``3f + t`` otherwise) and the reduction keeps the triple
+    ``(key, mass, prefix)`` with the smallest key, so the choice and the values at it come out of one
+    kernel, which XLA does not fuse into (and recompute in) its consumers. (Measured on XLA:CPU: such a
+    reduction is cheap for rows of <= 8 and three operands; it is ~10x slower per element for rows of
+    ~100, and carrying two more operands through it made each level ~8x slower.)
 
     Returns ``(child [B], new hi, new lo, mass of the child [B])``, the residual now relative to the
     child's start.
     """
     f = rows.shape[-1]
-    c = _prefix(rows)                                                  # [B, f]
+    c = _prefix(rows)
     t = jnp.arange(f, dtype=jnp.int32)
     positive = rows > 0
-    point = (hi + lo)[:, None]
-    s = jnp.min(jnp.where(positive & (c > point), t, f), axis=-1)
-    last_positive = jnp.max(jnp.where(positive, t, -1), axis=-1)
-    s = jnp.where(s < f, s, last_positive)                            # point at/after the top edge
-    hit = t == s[:, None]
-    mass = jnp.sum(jnp.where(hit, rows, 0.0), axis=-1)
-    end = jnp.sum(jnp.where(hit, c, 0.0), axis=-1)
+    key = jnp.where(positive & (c > (hi + lo)[:, None]), t, jnp.where(positive, 2 * f - t, 3 * f + t))
+
+    def keep_smaller(a, b):
+        first = a[0] < b[0]
+        return tuple(jnp.where(first, x, y) for x, y in zip(a, b))
+
+    k, mass, end = jax.lax.reduce((key, rows, c), (jnp.int32(4 * f), jnp.float32(0), jnp.float32(0)),
+                                  keep_smaller, (1,))
+    child = jnp.where(k < f, k, jnp.where(k <= 2 * f, 2 * f - k, 0))
+    mass = jnp.where(k < 3 * f, mass, 0.0)
     hi, lo = _residual(hi, lo, end - mass, mass)
-    return s, hi, lo, mass
+    return child, hi, lo, mass
 
 
 def materialize(*xs: jax.Array):
@@ -106,20 +123,28 @@ def materialize(*xs: jax.Array):
     return tuple(out)
 
 
-def _top_tables(top_sums: jax.Array):
-    """Shared by the whole batch: the top row's prefix and, per slot, the nearest positive slot at or
-    after it (else the last positive one)."""
+TOP_ROW_MAX = 8     # wider tops (only when a mesh of more shards or a leaf_fanout override asks for one)
+                    # go through `_choose_top`, a count against the shared prefix
+
+
+def _choose_top(top_sums: jax.Array, hi: jax.Array, lo: jax.Array):
+    """The top level (``n`` nodes shared by all draws): ``s`` = how many inclusive prefixes are
+    ``<= point`` (one compare-and-count kernel over ``[B, n]``; for a monotone prefix that is the first
+    child whose prefix exceeds the point), moved to the nearest positive node at or after it (else the
+    last positive one), so a zero-mass node is never chosen."""
     n = top_sums.shape[0]
     c = _prefix(top_sums[None, :])[0]
     t = jnp.arange(n, dtype=jnp.int32)
     positive = top_sums > 0
-    nxt = jnp.where(positive, t, n)
-    shift = 1
-    while shift < n:                        # reverse running minimum in log2(n) shifted mins
-        nxt = jnp.minimum(nxt, jnp.concatenate([nxt[shift:], jnp.full((shift,), n, jnp.int32)]))
-        shift *= 2
-    last_positive = jnp.max(jnp.where(positive, t, -1))
-    return c, jnp.where(nxt < n, nxt, last_positive)
+    # nearest positive node at or after each slot ([n, n] masked min), else the last positive node
+    nxt = jnp.min(jnp.where(positive[None, :] & (t[None, :] >= t[:, None]), t[None, :], n), axis=1)
+    last_positive = jnp.max(jnp.where(positive, t, 0))
+    nxt = jnp.where(nxt < n, nxt, last_positive)
+    s = jnp.sum((c[None, :] <= (hi + lo)[:, None]).astype(jnp.int32), axis=1)
+    node = nxt[jnp.minimum(s, n - 1)]
+    mass = top_sums[node]
+    hi, lo = _residual(hi, lo, c[node] - mass, mass)
+    return node, hi, lo, mass
 
 
 def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], jax.Array],
@@ -131,22 +156,25 @@ def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], 
     values [B])``; ``T`` is the total the probabilities refer to (the leaf values are read from the rows
     already gathered, so they cost no second random access). When ``T == 0`` the indices are meaningless.
     """
-    # materialize: shared tables and the random points go to buffers, so XLA does not fuse (and
-    # recompute per gathered element) their producers into the row comparisons.
-    c_top, next_positive = materialize(*_top_tables(top_sums))
-    total = c_top[-1]
+    total = row_sum(top_sums)
     j = jnp.arange(batch_size + 1, dtype=jnp.float32)
     bounds = (j * (total / batch_size)).at[-1].set(total)
     hi = bounds[:-1]
     lo = rng.uniform(key, batch_size) * (bounds[1:] - bounds[:-1])          # == jax.random.uniform
+    # to buffers, so XLA does not fuse the unrolled hash into (and recompute it in) the row comparisons
     hi, lo = materialize(hi, lo)
-    s = jnp.searchsorted(c_top, hi + lo, side="right", method="scan_unrolled")
-    node = next_positive[jnp.minimum(s, top_sums.shape[0] - 1)]
-    mass = top_sums[node]
-    # (no materialisation per level: each level's outputs are reductions, which XLA does not re-fuse)
-    hi, lo = _residual(hi, lo, c_top[node] - mass, mass)
+    # the top row per draw, through a gather with a data-dependent zero index: XLA splits a broadcast
+    # row into one scalar kernel per column, while a gather fuses into the first level's kernel
+    if top_sums.shape[0] <= TOP_ROW_MAX:
+        zero = (hi < 0).astype(jnp.int32)                                       # hi >= 0: always 0
+        node, hi, lo, mass = _choose_rows(top_sums[None, :][zero], hi, lo)
+    else:
+        node, hi, lo, mass = _choose_top(top_sums, hi, lo)
     for l in range(depth - 1, -1, -1):
         rows = rows_of(l, node)
         child, hi, lo, mass = _choose_rows(rows, hi, lo)
         node = node * rows.shape[-1] + child
+    # to buffers: otherwise XLA fuses the whole descent into every consumer of the indices (the
+    # priority update's scatters and tree refresh) and recomputes it per element there
+    node, mass = materialize(node, mass)
     return node, total, mass

@@ -3,8 +3,9 @@
 The leaves (``priorities``, length ``top·Π fanouts``) are grouped into rows of ``fanouts[0]``; each row
 is one node of level 1, whose value is the row's sum (and, separately, the smallest positive value in
 the row, ``+inf`` if none). Level 2 groups level-1 nodes by ``fanouts[1]``, and so on up to the top
-level of ``top`` nodes (≤ ~128). A few levels of fanout ≤ 16 instead of a binary tree keep the number of
-XLA operations per step small, which is what a step costs on CPU (``benchmarks/replay.py``).
+level of ``top`` nodes (≤ 8 unless the mesh needs more shards). Levels of fanout ≤ 8 instead of a
+binary tree keep the number of XLA kernels per step small, which is what a step costs on CPU
+(``benchmarks/replay.py``): each level is one gather and one small reduction in ``sample``.
 
 ``tree`` is float32 ``[2, M]``: row 0 the sums, row 1 the positive minima, of levels ``1..L``
 concatenated (level 1 first). Nodes are always recomputed exactly from their children (never updated
@@ -20,9 +21,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-MAX_FANOUT_BITS = 4     # fanout <= 16 per lower level (a [B, f] x [f, f] prefix matmul per level);
-                        # measured on CPU: 8-16 wide levels beat 32 wide ones (benchmarks/README.md)
-TOP_BITS = 7            # top level of <= ~128 nodes (one shared row)
+MAX_FANOUT_BITS = 3     # fanout <= 8 per level: XLA:CPU runs the per-level row reduction of the
+                        # descent well up to 8 wide (benchmarks/README.md, "replay")
+TOP_BITS = 3            # top level of <= 8 nodes (more levels of 8 beat a wide top row)
+REBUILD_BELOW = 1024    # `refresh` rebuilds whole every level whose children number at most this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +66,9 @@ class TreeLayout:
 
 
 def auto_layout(capacity: int, shards: int = 1, leaf_fanout: int | None = None) -> TreeLayout:
-    """Fanouts for ``capacity`` leaves: about ``log2(capacity) - 7`` bits spread evenly over levels of
-    at most ``MAX_FANOUT_BITS`` (4) bits each, the top level taking the rest (≤ ~128 nodes, rounded up
-    to a multiple of ``shards`` so the leaves split evenly over the mesh). ``leaf_fanout`` (a power of
+    """Fanouts for ``capacity`` leaves: about ``log2(capacity) - TOP_BITS`` bits spread evenly over
+    levels of at most ``MAX_FANOUT_BITS`` (3) bits each, the top level taking the rest (≤ 8 nodes,
+    rounded up to a multiple of ``shards`` so the leaves split evenly over the mesh). ``leaf_fanout`` (a power of
     two) overrides the leaf row size.
     """
     bits = max(0, math.ceil(math.log2(max(capacity, 1))))
@@ -85,6 +87,14 @@ def auto_layout(capacity: int, shards: int = 1, leaf_fanout: int | None = None) 
     return TreeLayout(fanouts=fanouts, top=top)
 
 
+def _halving(rows: jax.Array, op) -> jax.Array:
+    f = rows.shape[-1]
+    while f > 1:
+        f //= 2
+        rows = op(rows[..., :f], rows[..., f:])
+    return rows[..., 0]
+
+
 def row_sum(rows: jax.Array) -> jax.Array:
     """Sum over the last axis (a power of two) by pairwise halving: ``x[..., :f/2] + x[..., f/2:]``.
 
@@ -93,19 +103,20 @@ def row_sum(rows: jax.Array) -> jax.Array:
     and ``build`` and ``refresh`` agree exactly.
     """
     f = rows.shape[-1]
-    if f & (f - 1):
-        return jnp.sum(rows, axis=-1)
-    while f > 1:
-        f //= 2
-        rows = rows[..., :f] + rows[..., f:]
-    return rows[..., 0]
+    return jnp.sum(rows, axis=-1) if f & (f - 1) else _halving(rows, jnp.add)
+
+
+def row_min(rows: jax.Array) -> jax.Array:
+    """Minimum over the last axis by pairwise halving (elementwise, so it fuses; exact in any order)."""
+    f = rows.shape[-1]
+    return jnp.min(rows, axis=-1) if f & (f - 1) else _halving(rows, jnp.minimum)
 
 
 def _row_stats(rows: jax.Array, positive_min_of: jax.Array | None = None) -> jax.Array:
     """``[2, ...]``: sum over the last axis, and min of the positive entries (of ``positive_min_of``)."""
     s = row_sum(rows)
     mins = jnp.where(rows > 0, rows, jnp.inf) if positive_min_of is None else positive_min_of
-    return jnp.stack([s, jnp.min(mins, axis=-1)])
+    return jnp.stack([s, row_min(mins)])
 
 
 def build(leaves: jax.Array, layout: TreeLayout) -> jax.Array:
@@ -116,26 +127,53 @@ def build(leaves: jax.Array, layout: TreeLayout) -> jax.Array:
     for f in layout.fanouts[1:]:
         sums = cur[0].reshape(-1, f)
         mins = cur[1].reshape(-1, f)
-        cur = jnp.stack([row_sum(sums), jnp.min(mins, axis=-1)])
+        cur = jnp.stack([row_sum(sums), row_min(mins)])
         levels.append(cur)
     return jnp.concatenate(levels, axis=1)
 
 
 def refresh(tree: jax.Array, leaves: jax.Array, indices: jax.Array, layout: TreeLayout) -> jax.Array:
-    """Recompute, level by level, every ancestor of the leaves ``indices`` ``[B]`` from its children.
+    """Recompute every ancestor of the leaves ``indices`` ``[B]`` from its children, bottom-up.
 
-    Repeated ancestors get identical values, so the scatters are deterministic.
+    Large levels: each touched node is recomputed from its gathered children and scattered back
+    (repeated ancestors get identical values, so the scatters are deterministic). From the first
+    level whose children number at most ``REBUILD_BELOW`` up, the levels are rebuilt whole from the
+    level below and written with one slice update: on CPU that is cheaper than a gather, a reduction
+    and a scatter per level. Either way the tree equals ``build(leaves)`` bit for bit (same fixed
+    summation order).
     """
     node = indices
-    for l, f in enumerate(layout.fanouts):
+    for l, f in enumerate(layout.fanouts):        # level l + 1 from level l (l = 0: the leaves)
+        if layout.sizes[l] <= REBUILD_BELOW:
+            base = leaves if l == 0 else layout.level(tree, l)
+            tail = _levels_above(base, layout.fanouts[l:], from_leaves=l == 0)
+            return jax.lax.dynamic_update_slice(tree, tail, (0, layout.offsets[l]))
         node = node // f
         if l == 0:
             stats = _row_stats(leaves.reshape(-1, f)[node])                    # [2, B]
         else:
             child = layout.level(tree, l).reshape(2, -1, f)[:, node]          # [2, B, f]
-            stats = jnp.stack([row_sum(child[0]), jnp.min(child[1], axis=-1)])
+            stats = jnp.stack([row_sum(child[0]), row_min(child[1])])
         tree = tree.at[:, layout.offsets[l] + node].set(stats)
     return tree
+
+
+def _levels_above(base: jax.Array, fanouts: tuple[int, ...], *, from_leaves: bool) -> jax.Array:
+    """Every level above ``base`` (leaves ``[n]`` or a level's ``[2, n]`` stats), concatenated as in
+    the flat tree. Each level is computed straight from ``base`` in the hierarchical order of
+    :func:`build` (innermost group first), so no level waits for another: XLA emits one kernel."""
+    if from_leaves:
+        sums, mins = base, jnp.where(base > 0, base, jnp.inf)
+    else:
+        sums, mins = base[0], base[1]
+    out = []
+    for k in range(1, len(fanouts) + 1):
+        shape = (-1, *reversed(fanouts[:k]))          # [nodes, f_{k-1}, ..., f_0]
+        s, m = sums.reshape(shape), mins.reshape(shape)
+        for _ in range(k):
+            s, m = row_sum(s), row_min(m)
+        out.append(jnp.stack([s, m]))
+    return jnp.concatenate(out, axis=1)
 
 
 def total_and_min(tree: jax.Array, layout: TreeLayout) -> tuple[jax.Array, jax.Array]:

@@ -234,3 +234,22 @@ def test_metrics_hand_computed():
     assert float(m["sample_efficiency"]) == pytest.approx(np.mean(want >= 0.3))
     assert float(m["sample_efficiency"]) < 1.0
     assert float(m["beta"]) == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize("capacity", [3000, 70_000])
+def test_refresh_of_large_levels_equals_a_fresh_build(capacity):
+    """Above ``REBUILD_BELOW`` children a level is refreshed per touched ancestor (gather, reduce,
+    scatter), below it rebuilt whole: after many updates with duplicates and zeros, jitted, the tree
+    equals a fresh build of the leaves bit for bit."""
+    layout = replay.init(capacity, EXAMPLE).layout
+    assert layout.sizes[0] > tree_lib.REBUILD_BELOW          # the per-ancestor path is exercised
+    rng = np.random.default_rng(capacity)
+    st = replay.add(replay.init(capacity, EXAMPLE, alpha=0.6, eps=0.0), items(range(capacity)),
+                    priorities=jnp.asarray(rng.exponential(size=capacity).astype(np.float32)))
+    upd = jax.jit(replay.update_priorities)
+    for _ in range(5):
+        idx = rng.integers(0, capacity, size=256)
+        idx[:32] = idx[32:64]                                         # duplicates
+        td = rng.exponential(size=256).astype(np.float32) * (rng.random(256) > 0.2)   # some zeros
+        st = upd(st, jnp.asarray(idx, jnp.int32), jnp.asarray(td))
+    np.testing.assert_array_equal(st.tree, tree_lib.build(st.priorities, st.layout))

@@ -158,3 +158,72 @@ def test_sample_under_jit_on_empty_buffer_returns_zero_probs():
     s = jax.jit(lambda s, k: replay.sample(s, k, 4, beta=1.0))(st, jax.random.key(0))
     np.testing.assert_array_equal(s.probs, np.zeros(4))
     np.testing.assert_array_equal(s.weights, np.zeros(4))
+
+
+# ------------------------------------------------------------- the descent over a top row alone
+# Tops of <= 8 nodes go through the per-row variadic reduction, wider ones (a mesh of many shards)
+# through a count against the shared prefix: both are checked here on the same inputs.
+
+def _draw_top(p, batch_size, n_keys, seed):
+    from jaxppo.replay.sampling import stratified_descent
+    keys = jax.random.split(jax.random.key(seed), n_keys)
+    f = jax.jit(jax.vmap(lambda k: stratified_descent(jnp.asarray(p, jnp.float32), None, 0, k, batch_size)))
+    return f(keys)
+
+
+@pytest.mark.parametrize("n", [6, 8, 40, 128])
+def test_top_row_frequencies_and_masses(n):
+    rng = np.random.default_rng(n)
+    p = rng.exponential(size=n).astype(np.float32)
+    p[::5] = 0.0
+    idx, total, mass = _draw_top(p, 16, 4000, seed=n)
+    idx = np.asarray(idx).ravel()
+    assert np.all(p[idx] > 0), "a zero-mass node was drawn"
+    np.testing.assert_array_equal(np.asarray(mass).ravel(), p[idx])          # the mass read at the draw
+    np.testing.assert_allclose(np.asarray(total)[0], p.astype(np.float64).sum(), rtol=1e-6)
+    counts = np.bincount(idx, minlength=n)
+    stat, df = _ref.chi_square(counts, p / p.astype(np.float64).sum())
+    assert stat < _ref.chi_square_critical(df), (stat, df)
+
+
+@pytest.mark.parametrize("pad", [0, 12])
+def test_top_row_stratified_hand_case(pad):
+    """Masses [3, 1, 0, 0] (+ ``pad`` zero nodes, which takes the wide path), B = 4: strata
+    [0,1), [1,2), [2,3) lie in node 0 and [3,4) in node 1, whatever the key."""
+    p = np.array([3.0, 1.0, 0.0, 0.0] + [0.0] * pad, np.float32)
+    idx, _, _ = _draw_top(p, 4, 20, seed=pad)
+    assert np.asarray(idx).tolist() == [[0, 0, 0, 1]] * 20
+
+
+def test_top_row_point_past_the_end_takes_the_last_positive_node():
+    """Trailing zero nodes are never drawn, even for the last stratum (whose point is closest to T)."""
+    p = np.array([1.0, 2.0, 0.5] + [0.0] * 29, np.float32)
+    idx, _, _ = _draw_top(p, 64, 200, seed=1)
+    assert set(np.unique(np.asarray(idx)).tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("n", [6, 32])
+def test_point_at_or_past_the_row_end_takes_the_last_positive_child(n):
+    """Round-off can leave a residual at or past a row's prefix end; the choice is then the last
+    positive child (never a trailing zero), for both the per-row and the shared-top paths."""
+    from jaxppo.replay import sampling
+    p = np.zeros(n, np.float32)
+    p[[1, 3]] = [2.0, 1.0]
+    hi = jnp.array([3.0, 3.5, 1e9, 0.0, 2.5], jnp.float32)     # total 3: three points at/past the end
+    lo = jnp.zeros(5, jnp.float32)
+    rows = jnp.broadcast_to(jnp.asarray(p), (5, n))
+    child, _, _, mass = sampling._choose_rows(rows, hi, lo)
+    np.testing.assert_array_equal(child, [3, 3, 3, 1, 3])
+    np.testing.assert_array_equal(mass, [1.0, 1.0, 1.0, 2.0, 1.0])
+    node, h2, l2, mass = sampling._choose_top(jnp.asarray(p), hi, lo)
+    np.testing.assert_array_equal(node, [3, 3, 3, 1, 3])
+    np.testing.assert_array_equal(mass, [1.0, 1.0, 1.0, 2.0, 1.0])
+    r = np.asarray(h2) + np.asarray(l2)                         # residual clamped into [0, mass)
+    assert np.all(r >= 0) and np.all(r < np.asarray(mass))
+
+
+def test_all_zero_row_picks_child_zero_with_zero_mass():
+    from jaxppo.replay import sampling
+    child, _, _, mass = sampling._choose_rows(jnp.zeros((3, 8)), jnp.ones(3), jnp.zeros(3))
+    np.testing.assert_array_equal(child, [0, 0, 0])
+    np.testing.assert_array_equal(mass, [0.0, 0.0, 0.0])
