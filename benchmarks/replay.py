@@ -32,7 +32,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxppo import replay
 

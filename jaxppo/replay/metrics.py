@@ -1,7 +1,8 @@
 """Replay metrics for the logs (DESIGN.md §5 names, without the ``replay/`` prefix).
 
-- ``priority_mean``: mean stored priority over valid items (filled, stored priority > 0);
-- ``priority_max``: the running maximum (what new items get);
+- ``priority_mean`` / ``priority_max``: mean / largest stored priority over valid items (filled,
+  stored priority > 0), i.e. what the buffer holds now;
+- ``priority_running_max``: the running maximum of every priority ever stored (what new items get);
 - ``size``: filled slots; ``valid``: valid items;
 - with a :class:`Sample`: ``weight_mean``, ``weight_min`` and ``sample_efficiency`` = share of the
   sampled items whose PER weight is at least ``weight_floor`` (default 0.1, i.e. not down-weighted by
@@ -26,7 +27,8 @@ def metrics(state: ReplayState, sample: Sample | None = None, *, beta: float | j
     n_valid = jnp.sum(valid)
     out = {
         "priority_mean": jnp.sum(jnp.where(valid, p, 0.0)) / jnp.maximum(n_valid, 1).astype(jnp.float32),
-        "priority_max": state.max_priority.astype(jnp.float32),
+        "priority_max": jnp.max(jnp.where(valid, p, 0.0)).astype(jnp.float32),
+        "priority_running_max": state.max_priority.astype(jnp.float32),
         "size": state.size.astype(jnp.float32),
         "valid": n_valid.astype(jnp.float32),
     }

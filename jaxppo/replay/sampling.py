@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.replay import rng
-from jaxppo.replay.tree import row_sum
+from jaxppo.replay.tree import TOP_BITS, row_sum
 
 
 def _two_sum(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -49,9 +49,10 @@ PREFIX_SCAN_MAX = 16      # rows up to this width: log-step scan (fuses); wider:
 def _prefix(rows: jax.Array) -> jax.Array:
     """Inclusive prefix sums along the last axis.
 
-    Narrow rows (``f <= PREFIX_SCAN_MAX``): ``log2 f`` shifted adds (Hillis-Steele), elementwise, so
-    XLA fuses them into the consumer; wide rows (the top level): one matmul with a constant
-    upper-triangular matrix. Either result is monotone only up to round-off; callers allow for that.
+    Narrow rows (``f <= PREFIX_SCAN_MAX``, the default tree): ``log2 f`` shifted adds (Hillis-Steele),
+    elementwise, so XLA fuses them into the consumer; wider rows (a ``leaf_fanout`` override, a top
+    widened for many shards): one matmul with a constant upper-triangular matrix. Either result is
+    monotone only up to round-off; callers allow for that.
     """
     f = rows.shape[-1]
     if f <= PREFIX_SCAN_MAX:
@@ -123,8 +124,8 @@ def materialize(*xs: jax.Array):
     return tuple(out)
 
 
-TOP_ROW_MAX = 8     # wider tops (only when a mesh of more shards or a leaf_fanout override asks for one)
-                    # go through `_choose_top`, a count against the shared prefix
+TOP_ROW_MAX = 2 ** TOP_BITS   # wider tops (only when a mesh of more shards asks for one) go through
+                              # `_choose_top`, a count against the shared prefix
 
 
 def _choose_top(top_sums: jax.Array, hi: jax.Array, lo: jax.Array):
@@ -148,7 +149,8 @@ def _choose_top(top_sums: jax.Array, hi: jax.Array, lo: jax.Array):
 
 
 def stratified_descent(top_sums: jax.Array, rows_of: Callable[[int, jax.Array], jax.Array],
-                       depth: int, key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array]:
+                       depth: int, key: jax.Array,
+                       batch_size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Draw ``batch_size`` stratified leaves.
 
     ``top_sums`` ``[n_top]``; ``rows_of(l, nodes)`` the ``[B, fanout_l]`` child sums of the level-``l+1``

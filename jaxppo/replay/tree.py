@@ -112,24 +112,30 @@ def row_min(rows: jax.Array) -> jax.Array:
     return jnp.min(rows, axis=-1) if f & (f - 1) else _halving(rows, jnp.minimum)
 
 
-def _row_stats(rows: jax.Array, positive_min_of: jax.Array | None = None) -> jax.Array:
-    """``[2, ...]``: sum over the last axis, and min of the positive entries (of ``positive_min_of``)."""
-    s = row_sum(rows)
-    mins = jnp.where(rows > 0, rows, jnp.inf) if positive_min_of is None else positive_min_of
-    return jnp.stack([s, row_min(mins)])
+def _leaf_mins(leaves: jax.Array) -> jax.Array:
+    """Leaves as candidates for the positive minimum: ``+inf`` where a leaf is 0."""
+    return jnp.where(leaves > 0, leaves, jnp.inf)
+
+
+def _group_stats(sums: jax.Array, mins: jax.Array) -> jax.Array:
+    """``[2, ...]`` node stats from the ``[..., f]`` sums and positive minima of its children."""
+    return jnp.stack([row_sum(sums), row_min(mins)])
+
+
+def _levels_above(sums: jax.Array, mins: jax.Array, fanouts: tuple[int, ...]) -> jax.Array:
+    """Every level above a level with stats ``(sums, mins)``, grouped by ``fanouts``, concatenated
+    (lowest first) as in the flat tree."""
+    out = []
+    for f in fanouts:
+        cur = _group_stats(sums.reshape(-1, f), mins.reshape(-1, f))
+        out.append(cur)
+        sums, mins = cur[0], cur[1]
+    return jnp.concatenate(out, axis=1)
 
 
 def build(leaves: jax.Array, layout: TreeLayout) -> jax.Array:
     """The full tree ``[2, M]`` of ``leaves`` (O(N); used by ``add`` and rank-based sampling)."""
-    levels = []
-    cur = _row_stats(leaves.reshape(-1, layout.fanouts[0]))
-    levels.append(cur)
-    for f in layout.fanouts[1:]:
-        sums = cur[0].reshape(-1, f)
-        mins = cur[1].reshape(-1, f)
-        cur = jnp.stack([row_sum(sums), row_min(mins)])
-        levels.append(cur)
-    return jnp.concatenate(levels, axis=1)
+    return _levels_above(leaves, _leaf_mins(leaves), layout.fanouts)
 
 
 def refresh(tree: jax.Array, leaves: jax.Array, indices: jax.Array, layout: TreeLayout) -> jax.Array:
@@ -145,35 +151,18 @@ def refresh(tree: jax.Array, leaves: jax.Array, indices: jax.Array, layout: Tree
     node = indices
     for l, f in enumerate(layout.fanouts):        # level l + 1 from level l (l = 0: the leaves)
         if layout.sizes[l] <= REBUILD_BELOW:
-            base = leaves if l == 0 else layout.level(tree, l)
-            tail = _levels_above(base, layout.fanouts[l:], from_leaves=l == 0)
+            below = (leaves, _leaf_mins(leaves)) if l == 0 else tuple(layout.level(tree, l))
+            tail = _levels_above(*below, layout.fanouts[l:])
             return jax.lax.dynamic_update_slice(tree, tail, (0, layout.offsets[l]))
         node = node // f
         if l == 0:
-            stats = _row_stats(leaves.reshape(-1, f)[node])                    # [2, B]
+            rows = leaves.reshape(-1, f)[node]                                  # [B, f]
+            stats = _group_stats(rows, _leaf_mins(rows))
         else:
             child = layout.level(tree, l).reshape(2, -1, f)[:, node]          # [2, B, f]
-            stats = jnp.stack([row_sum(child[0]), row_min(child[1])])
+            stats = _group_stats(child[0], child[1])
         tree = tree.at[:, layout.offsets[l] + node].set(stats)
     return tree
-
-
-def _levels_above(base: jax.Array, fanouts: tuple[int, ...], *, from_leaves: bool) -> jax.Array:
-    """Every level above ``base`` (leaves ``[n]`` or a level's ``[2, n]`` stats), concatenated as in
-    the flat tree. Each level is computed straight from ``base`` in the hierarchical order of
-    :func:`build` (innermost group first), so no level waits for another: XLA emits one kernel."""
-    if from_leaves:
-        sums, mins = base, jnp.where(base > 0, base, jnp.inf)
-    else:
-        sums, mins = base[0], base[1]
-    out = []
-    for k in range(1, len(fanouts) + 1):
-        shape = (-1, *reversed(fanouts[:k]))          # [nodes, f_{k-1}, ..., f_0]
-        s, m = sums.reshape(shape), mins.reshape(shape)
-        for _ in range(k):
-            s, m = row_sum(s), row_min(m)
-        out.append(jnp.stack([s, m]))
-    return jnp.concatenate(out, axis=1)
 
 
 def total_and_min(tree: jax.Array, layout: TreeLayout) -> tuple[jax.Array, jax.Array]:

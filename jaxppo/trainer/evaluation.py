@@ -57,7 +57,6 @@ def bootstrap_ci(before: Sequence[float] | np.ndarray, after: Sequence[float] | 
     return float(lo), float(hi)
 
 
-
 def heldout_eval_prompts(heldout: Mapping[str, np.ndarray], n_max: int,
                          samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Prompt ids/mask of the evaluation: one prompt per held-out group (its first row), at most ``n_max``,
@@ -78,6 +77,7 @@ def prompt_means(values: Sequence[float] | np.ndarray, samples: int) -> np.ndarr
     if v.ndim != 1 or v.size % samples:
         raise ValueError(f"expected a flat array whose length is a multiple of samples={samples}, got shape {v.shape}")
     return v.reshape(-1, samples).mean(axis=1)
+
 
 def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batch_size: int = 32) -> float:
     """Perplexity of the response tokens of ``arrays`` (prompt_ids/prompt_mask/response_ids/response_mask)."""

@@ -300,14 +300,12 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             nan_streak=jnp.where(finite, 0, state.nan_streak + 1).astype(jnp.int32),
             step=state.step + 1,
         )
-        filled = (jnp.arange(rs.priorities.shape[0]) < rs.size) & (rs.priorities > 0)
-        pr = jnp.where(filled, new.replay.priorities, 0.0)
+        rm = replay_lib.metrics(new.replay)
         metrics.update({
             "actor/lr": actor_lr(state.step) * state.lr_scale, "critic/lr": critic_lr(state.step),
             "actor/kl_coef": jnp.float32(a.kl_loss_coef if a.use_kl_loss else 0.0),
             "algorithm/kl_coef": new.kl_coef,
-            "replay/priority_mean": pr.sum() / jnp.maximum(filled.sum(), 1),
-            "replay/priority_max": pr.max(),
+            "replay/priority_mean": rm["priority_mean"], "replay/priority_max": rm["priority_max"],
             "replay/beta": beta,
             "train/nan_skipped": (~finite).astype(jnp.float32),
             "train/nan_total": new.nan_total.astype(jnp.float32),

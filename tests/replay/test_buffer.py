@@ -234,6 +234,9 @@ def test_metrics_hand_computed():
     assert float(m["sample_efficiency"]) == pytest.approx(np.mean(want >= 0.3))
     assert float(m["sample_efficiency"]) < 1.0
     assert float(m["beta"]) == pytest.approx(0.7)
+    # lowering the largest priority lowers priority_max (what is held), not the running max
+    m = replay.metrics(replay.set_priorities(st, jnp.array([3]), jnp.array([0.5])))
+    assert float(m["priority_max"]) == 2.0 and float(m["priority_running_max"]) == 5.0
 
 
 @pytest.mark.parametrize("capacity", [3000, 70_000])
