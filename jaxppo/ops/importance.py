@@ -8,11 +8,15 @@ With ``l_t = clip(target_logp_t - behaviour_logp_t, -20, 20)`` on valid tokens (
 
 then, in this order:
 
-1. ``cap_rule=True`` (the source article): ``rho > 1.5 -> 1.2``.
-2. ``mode="truncate"`` (TIS): ``w = min(rho, threshold)``;
-   ``mode="mask"``: ``w = rho * [lower <= rho <= threshold]`` (``lower`` defaults to ``1 / threshold``).
-3. ``veto`` (optional floor): a sequence with any valid token ratio ``exp(l_t) < veto`` gets ``w = 0``.
-4. ``w = stop_gradient(w) * mask`` — sequence weights are broadcast over ``T``; padding is 0.
+1. ``mode="mask"``: ``w = rho * [lower <= rho <= threshold]`` (``lower`` defaults to ``1 / threshold``),
+   decided on the RAW ratio ``rho`` (so the cap rule below never rescues a ratio outside the band).
+2. ``cap_rule=True`` (the source article): ``w > 1.5 -> 1.2``.
+3. ``mode="truncate"`` (TIS): ``w = min(w, threshold)`` (after the cap, as before).
+4. ``veto`` (optional floor): a sequence with any valid token ratio ``exp(l_t) < veto`` gets ``w = 0``.
+5. ``w = stop_gradient(w) * mask`` — sequence weights are broadcast over ``T``; padding is 0.
+
+So with ``mode="mask"`` and the cap rule, ``w = 0`` outside ``[lower, threshold]``, ``1.2`` for
+``1.5 < rho <= threshold`` and ``rho`` otherwise; with ``mode="truncate"``, ``min(cap(rho), threshold)``.
 
 Metrics over the *units* (valid tokens for ``token``; sequences with at least one valid token otherwise):
 ``ess`` = Kish effective sample size over N, ``(sum w)^2 / (N sum w^2)`` in ``(0, 1]`` (0 if every weight
@@ -87,12 +91,12 @@ def importance_weights(target_logp: jax.Array, behaviour_logp: jax.Array, mask: 
         units = row_valid[:, None]
 
     w = rho
+    if mode == "mask":              # the band is decided by the raw ratio, before the cap rule
+        w = jnp.where((rho >= lower) & (rho <= threshold), w, 0)
     if cap_rule:
         w = jnp.where(w > CAP_ABOVE, jnp.asarray(CAP_TO, dtype), w)
     if mode == "truncate":
         w = jnp.minimum(w, threshold)
-    else:
-        w = jnp.where((w >= lower) & (w <= threshold), w, 0)
     if veto is not None:
         vetoed = jnp.any(valid & (log_ratio < jnp.log(jnp.asarray(veto, dtype))), axis=-1, keepdims=True)
         w = jnp.where(vetoed, 0, w)

@@ -197,13 +197,13 @@ def importance_weights(target, behaviour, mask, level, mode, threshold, lower=No
     vetoed_rows, valid_rows = 0, 0
 
     def adjust(rho):
+        if mode == "mask" and not (lower <= rho <= threshold):     # the band sees the raw ratio
+            return 0.0
         w = rho
         if cap_rule and w > 1.5:
             w = 1.2
         if mode == "truncate":
             w = min(w, threshold)
-        elif not (lower <= w <= threshold):
-            w = 0.0
         return w
 
     for i in range(b):

@@ -50,8 +50,11 @@ class ImportanceTest(chex.TestCase):
         w, met = fn(level="sequence", mode="mask", threshold=1.5, lower=0.5)
         np.testing.assert_allclose(w, 0.0)
         np.testing.assert_allclose(met["ess"], 0.0)  # every weight is 0
-        # cap rule: 1.6 > 1.5 -> 1.2 (then inside the mask) ; veto removes row 1
-        w, met = fn(level="sequence", mode="mask", threshold=1.5, lower=0.5, cap_rule=True, veto=0.1)
+        # the mask sees the raw ratio: 1.6 is outside [0.5, 1.5] and stays masked even with the cap rule
+        w, _ = fn(level="sequence", mode="mask", threshold=1.5, lower=0.5, cap_rule=True)
+        np.testing.assert_allclose(w, 0.0)
+        # band [0.5, 2]: 1.6 is kept, then capped 1.6 > 1.5 -> 1.2 ; veto removes row 1
+        w, met = fn(level="sequence", mode="mask", threshold=2.0, lower=0.5, cap_rule=True, veto=0.1)
         np.testing.assert_allclose(w, [[1.2, 1.2], [0.0, 0.0]], rtol=1e-6)
         np.testing.assert_allclose(met["veto_frac"], 0.5)
         np.testing.assert_allclose(met["clipped_frac"], 1.0)  # capped + vetoed: both units changed
@@ -61,6 +64,21 @@ class ImportanceTest(chex.TestCase):
         # ESS over the 2 sequences: (a+b)^2 / (2 (a^2+b^2)) with a = sqrt(1.6), b = sqrt(0.055)
         a, b = np.sqrt(1.6), np.sqrt(0.055)
         np.testing.assert_allclose(met["ess"], (a + b) ** 2 / (2 * (a * a + b * b)), rtol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_mask_decides_on_raw_ratio_before_cap_rule(self):
+        # token ratios [0.3, 1.0, 1.8, 3.0], band [0.5, 2]: mask -> [0, 1, 1.8, 0], then cap 1.8 -> 1.2.
+        # (cap first would turn 3.0 into 1.2 and keep it: the bug this pins down)
+        tgt = jnp.asarray(np.log([[0.3, 1.0, 1.8, 3.0]]), jnp.float32)
+        fn = self.variant(functools.partial(importance_weights, level="token", mode="mask", threshold=2.0,
+                                            lower=0.5, cap_rule=True))
+        w, met = fn(tgt, jnp.zeros((1, 4)), jnp.ones((1, 4)))
+        np.testing.assert_allclose(w, [[0.0, 1.0, 1.2, 0.0]], rtol=1e-6)
+        np.testing.assert_allclose(met["clipped_frac"], 3 / 4, rtol=1e-6)    # 0.3, 1.8 and 3.0 changed
+        # truncation keeps its order: cap (1.8, 3.0 -> 1.2), then min(., threshold=1.1)
+        w, _ = self.variant(functools.partial(importance_weights, level="token", mode="truncate",
+                                              threshold=1.1, cap_rule=True))(tgt, jnp.zeros((1, 4)), jnp.ones((1, 4)))
+        np.testing.assert_allclose(w, [[0.3, 1.0, 1.1, 1.1]], rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_matches_reference_every_option(self):
@@ -123,6 +141,18 @@ def test_property_masked_weights_are_zero_or_the_ratio(t, b, m, level):
     np.testing.assert_allclose(w[~zero], rho[~zero], rtol=1e-5)
     inside = (rho >= 0.5) & (rho <= 2.0) & m
     assert np.all(zero | inside)  # a non-zero weight is a ratio inside [1/C, C]
+
+
+@given(t=_lp, b=_lp, m=_mask)
+def test_property_mask_with_cap_rule_keeps_only_raw_ratios_inside_the_band(t, b, m):
+    """mode=mask + cap_rule (token level, band [0.5, 3]): w = 0 outside the band of the RAW ratio, 1.2 for
+    1.5 < rho <= 3, rho otherwise (independent numpy reference of the documented order)."""
+    fn = jax.jit(functools.partial(importance_weights, level="token", mode="mask", threshold=3.0, lower=0.5,
+                                   cap_rule=True))
+    w = np.asarray(fn(t, b, m)[0])
+    rho = np.exp(np.clip(t.astype(np.float64) - b, -20, 20))
+    want = np.where((rho >= 0.5) & (rho <= 3.0), np.where(rho > 1.5, 1.2, rho), 0.0) * m
+    np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-7)
 
 
 @given(c=st.floats(-3, 3), m=_mask, level=st.sampled_from(LEVELS))
