@@ -77,7 +77,7 @@ class CriticConfig:
     share_trunk: bool = False  # value head on the actor's trunk instead of a separate model
     ppo_epochs: int = field(4, ge=1)
     cliprange_value: float = field(0.5, gt=0.0)
-    vf_coef: float = field(1.0, ge=0.0)  # used when share_trunk=true (one joint loss)
+    vf_coef: float = field(1.0, ge=0.0)  # value-loss coefficient: scales the critic loss (joint loss when share_trunk)
     loss_agg_mode: AggMode = "token-mean"
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
 
@@ -158,6 +158,8 @@ class DataConfig:
     preference_format: Literal["auto", "explicit", "hh"] = "auto"
     max_text_chars: int = field(100_000, ge=1)  # longer text fields are skipped (text_too_long)
     chat_template: bool = False  # render text prompts with the tokenizer's chat template
+    # a Jinja chat template that replaces the tokenizer's (for chat-message data and chat_template=true)
+    chat_template_file: str | None = None
     buckets: int = field(1, ge=1)  # static length buckets per axis (1 = one fixed shape)
     bucket_multiple: int = field(8, ge=1)  # bucket lengths are multiples of this
     behaviour_batch_size: int = field(32, ge=1)  # batch size of the behaviour log-prob pass
@@ -210,8 +212,12 @@ class MeshConfig:
 @dataclass(frozen=True)
 class GuardsConfig:
     kl_threshold: float = field(0.05, gt=0.0)  # KL above this -> lower the LR
-    kl_lr: float = field(1e-6, gt=0.0)
-    length_factor: float = field(2.0, gt=1.0)  # response length > factor x running mean -> warning
+    kl_lr_factor: float = field(0.1, gt=0.0, lt=1.0)  # the cut: actor LR x factor (of the current LR)
+    kl_lr: float | None = field(None, gt=0.0)  # if set, the cut is to this absolute LR instead of the factor
+    # the policy's mean generated length (eval/response_length) > factor x its running mean -> warning
+    length_factor: float = field(2.0, gt=1.0)
+    length_probe_every: int | None = field(None, ge=1)  # greedy generations on held-out prompts every N steps
+    length_probe_prompts: int = field(8, ge=1)  # held-out prompts of the length probe
     ppl_every: int = field(500, ge=1)
     ppl_tolerance: float = field(0.2, gt=0.0)  # roll back if held-out ppl > (1 + tol) x baseline
     max_nan_steps: int = field(3, ge=1)  # consecutive NaN/inf updates before a rollback

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from jaxppo.config.schema import DataConfig
+from jaxppo.data.conversation import apply_chat_template_file
 from jaxppo.data.loading import read_records
 from jaxppo.data.report import DataReport
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
@@ -49,8 +50,10 @@ def load_rows(cfg: DataConfig) -> LoadedRows:
 def tokenize_rows(loaded: LoadedRows, tokenizer: Any, cfg: DataConfig) -> dict[str, np.ndarray]:
     """Fixed-shape arrays of ``loaded`` rows (see :mod:`jaxppo.data.tokenize`); updates its report.
 
-    Raises :class:`DataError` when tokenization leaves no row.
+    With ``cfg.chat_template_file`` the tokenizer's chat template is first replaced by that file's
+    text (``tokenizer.chat_template`` is set). Raises :class:`DataError` when tokenization leaves no row.
     """
+    apply_chat_template_file(tokenizer, cfg.chat_template_file)
     kw = dict(max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length,
               truncation=cfg.truncation, chat_template=cfg.chat_template, report=loaded.report)
     if loaded.schema == "preference":

@@ -18,7 +18,7 @@ logger = logging.getLogger("jaxppo.data")
 SKIP_REASONS: dict[str, str] = {
     "invalid_json": "a line of a JSON-lines file is not valid JSON or not an object",
     "missing_field": "a required column is missing or null",
-    "not_a_string": "a text field is not a string",
+    "not_a_string": "a text field is neither a string nor a list of chat messages",
     "empty_text": "a text field is empty or only whitespace",
     "invalid_utf8": "a text field is not valid UTF-8",
     "text_too_long": "a text field is longer than data.max_text_chars characters",
@@ -34,6 +34,17 @@ SKIP_REASONS: dict[str, str] = {
     "empty_tokens": "a text tokenizes to no tokens",
     "prompt_too_long": "the prompt has more than data.max_prompt_length tokens (data.truncation=skip)",
     "response_too_long": "the response has more than data.max_response_length tokens (data.truncation=skip)",
+    # conversational rows (lists of {"role", "content"} messages, see jaxppo.data.conversation)
+    "bad_message": "a chat message is not an object with string 'role' and 'content'",
+    "unknown_role": "a chat message's role is not 'system', 'user' or 'assistant'",
+    "empty_conversation": "a list of chat messages is empty",
+    "prompt_not_user_last": "a conversational prompt does not end with a user turn",
+    "response_not_assistant": "a conversational response (response/completion/chosen/rejected) has a turn that is "
+                              "not an assistant message",
+    "conversation_mismatch": "implicit-prompt chosen/rejected conversations differ before their last assistant turn",
+    "mixed_text_and_messages": "a row mixes a plain-text prompt with chat-message responses",
+    "template_mismatch": "the chat template's rendering of the prompt is not a prefix of its rendering of the "
+                         "whole conversation",
 }
 
 _MAX_EXAMPLES = 3
@@ -41,6 +52,15 @@ _MAX_EXAMPLES = 3
 
 class DataError(ValueError):
     """Input data that cannot be used; the message says which file/row/field and why."""
+
+
+class RowSkip(Exception):
+    """One unusable row: ``reason`` (a key of :data:`SKIP_REASONS`) and a message naming the field."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
 
 
 @dataclasses.dataclass

@@ -2,8 +2,13 @@
 
 - **preference** pairs: ``prompt``, ``chosen``, ``rejected`` (responses), or Anthropic HH-RLHF
   rows with only ``chosen`` / ``rejected`` full dialogues (split by :mod:`jaxppo.data.hh`);
-- **scored** trajectories: ``prompt``, ``response``, ``score`` and optionally
+- **scored** trajectories: ``prompt``, ``response`` (or TRL's ``completion``), ``score`` (or TRL's
+  boolean ``label``: True -> 1.0, False -> 0.0, used when there is no ``score``) and optionally
   ``behaviour_logprobs`` (one per response token), ``group_id``, ``prompt_ids``, ``response_ids``.
+
+Any text field may be a string or a list of chat messages (TRL's conversational forms); parsed
+messages are kept as a :data:`~jaxppo.data.conversation.Conversation` and rendered with the
+tokenizer's chat template at tokenization (see :mod:`jaxppo.data.conversation`).
 
 ``data.columns`` maps *our* field name to the dataset's column name, e.g.
 ``{"prompt": "question", "response": "answer", "score": "reward"}``.
@@ -16,10 +21,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxppo.data.conversation import Text
 from jaxppo.data.report import DataError
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
-SCORED_FIELDS = ("prompt", "response", "score", "behaviour_logprobs", "group_id", "prompt_ids", "response_ids")
+SCORED_FIELDS = ("prompt", "response", "score", "behaviour_logprobs", "group_id", "prompt_ids", "response_ids",
+                 "completion", "label")
 SCORED_REQUIRED = ("prompt", "response", "score")
 
 
@@ -27,9 +34,9 @@ SCORED_REQUIRED = ("prompt", "response", "score")
 class PreferencePair:
     """One human preference: ``chosen`` is preferred over ``rejected`` as an answer to ``prompt``."""
 
-    prompt: str
-    chosen: str
-    rejected: str
+    prompt: Text  # a string, or chat messages ending with a user turn
+    chosen: Text  # a string, or assistant message(s) (a conversation when ``prompt`` is one)
+    rejected: Text
     index: int  # row number in the source
 
 
@@ -37,8 +44,8 @@ class PreferencePair:
 class ScoredTrajectory:
     """One response with its sequence score; token-level fields are optional."""
 
-    prompt: str
-    response: str
+    prompt: Text  # a string, or chat messages ending with a user turn
+    response: Text  # a string, or assistant message(s) (a conversation when ``prompt`` is one)
     score: float
     index: int  # row number in the source
     behaviour_logprobs: np.ndarray | None = None  # float32 [T_response]

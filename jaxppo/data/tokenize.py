@@ -17,6 +17,11 @@ Truncation policy ``data.truncation`` for a text longer than its budget:
 
 Every truncation is counted in the :class:`DataReport` (``truncated`` and ``tokens_dropped``).
 :func:`bucketize` splits fixed-shape arrays into a few smaller static shapes.
+
+Conversational rows (prompt and responses as chat messages) are rendered by the tokenizer's chat
+template first (:func:`jaxppo.data.conversation.render`: prompt with the generation prompt, response
+= rendered conversation minus rendered prompt) and the texts are tokenized without added special
+tokens; a row that cannot be rendered is skipped with its reason (e.g. ``template_mismatch``).
 """
 
 from __future__ import annotations
@@ -26,16 +31,13 @@ from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
-from jaxppo.data.report import DataError, DataReport
+from jaxppo.data.conversation import Text, render_prompt, render_rows
+from jaxppo.data.report import DataError, DataReport, RowSkip
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
 
 Truncation = Literal["error", "left", "right", "skip"]
 
-
-class _Skip(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason, self.message = reason, message
+_Skip = RowSkip
 
 
 def pad_id_of(tokenizer: Any) -> int:
@@ -47,12 +49,25 @@ def pad_id_of(tokenizer: Any) -> int:
     return 0
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: bool = False) -> list[list[int]]:
+def _encode_plain(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    if not texts:
+        return []
+    return [list(x) for x in tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]]
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[Text], *, chat_template: bool = False) -> list[list[int]]:
     """Token ids of each prompt: with the tokenizer's special tokens (e.g. BOS), or — with
     ``chat_template`` — the user turn rendered by the tokenizer's chat template plus the
-    assistant generation prompt."""
+    assistant generation prompt. A conversational prompt (chat messages) is always rendered by the
+    chat template with the generation prompt and tokenized without added special tokens."""
     if not prompts:
         return []
+    if any(not isinstance(p, str) for p in prompts):
+        conv = {i: _encode_plain(tokenizer, [render_prompt(tokenizer, p)])[0]
+                for i, p in enumerate(prompts) if not isinstance(p, str)}
+        texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+        plain = dict(zip(texts, encode_prompts(tokenizer, [prompts[i] for i in texts], chat_template=chat_template)))
+        return [conv[i] if i in conv else plain[i] for i in range(len(prompts))]
     if chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise DataError("chat_template=true but the tokenizer has no chat template")
@@ -64,9 +79,34 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: boo
 
 def encode_responses(tokenizer: Any, responses: Sequence[str]) -> list[list[int]]:
     """Token ids of each response, without special tokens."""
-    if not responses:
-        return []
-    return [list(x) for x in tokenizer(list(responses), add_special_tokens=False, verbose=False)["input_ids"]]
+    return _encode_plain(tokenizer, responses)
+
+
+def encode_rows(tokenizer: Any, prompts: Sequence[Text], responses: Sequence[Sequence[Text]], *,
+                chat_template: bool = False) -> tuple[list[list[int]], list[list[list[int]]], dict[int, RowSkip]]:
+    """Token ids of rows whose fields may be strings or conversations.
+
+    ``responses`` has one sequence per response field (``[responses]`` or ``[chosen, rejected]``).
+    Plain-text rows: :func:`encode_prompts` / :func:`encode_responses`. Conversational rows: the
+    texts of :func:`jaxppo.data.conversation.render_rows` tokenized without special tokens.
+    Returns ``(prompt_ids, response_ids per field, failures)``; a failed row has empty id lists and
+    its :class:`RowSkip` in ``failures``.
+    """
+    p_text, r_text, failures = render_rows(tokenizer, prompts, responses)
+    plain = [i for i, p in enumerate(prompts) if isinstance(p, str) and i not in failures]
+    conv = [i for i, t in enumerate(p_text) if t is not None and i not in failures]
+    p_ids: list[list[int]] = [[] for _ in prompts]
+    r_ids: list[list[list[int]]] = [[[] for _ in prompts] for _ in responses]
+    for i, ids in zip(plain, encode_prompts(tokenizer, [prompts[i] for i in plain], chat_template=chat_template)):
+        p_ids[i] = ids
+    for i, ids in zip(conv, _encode_plain(tokenizer, [p_text[i] for i in conv])):
+        p_ids[i] = ids
+    for f, field in enumerate(responses):
+        for i, ids in zip(plain, _encode_plain(tokenizer, [field[i] for i in plain])):
+            r_ids[f][i] = ids
+        for i, ids in zip(conv, _encode_plain(tokenizer, [r_text[f][i] for i in conv])):
+            r_ids[f][i] = ids
+    return p_ids, r_ids, failures
 
 
 def fit_prompt(ids: Sequence[int], max_len: int, truncation: Truncation) -> tuple[list[int], int]:
@@ -154,14 +194,17 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
     """
     report = report if report is not None else DataReport()
     vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-    need_p = [i for i, r in enumerate(rows) if r.prompt_ids is None]
-    need_r = [i for i, r in enumerate(rows) if r.response_ids is None]
-    p_tok = dict(zip(need_p, encode_prompts(tokenizer, [rows[i].prompt for i in need_p], chat_template=chat_template)))
-    r_tok = dict(zip(need_r, encode_responses(tokenizer, [rows[i].response for i in need_r])))
+    need = [i for i, r in enumerate(rows) if r.prompt_ids is None or r.response_ids is None]
+    p_enc, (r_enc,), failed = encode_rows(tokenizer, [rows[i].prompt for i in need], [[rows[i].response for i in need]],
+                                          chat_template=chat_template)
+    p_tok, r_tok = dict(zip(need, p_enc)), dict(zip(need, r_enc))
+    failures = {need[j]: e for j, e in failed.items()}
     kept: list[ScoredTrajectory] = []
     prompts, responses, logprobs = [], [], []
     for i, r in enumerate(rows):
         try:
+            if i in failures:
+                raise failures[i]
             p = list(r.prompt_ids) if r.prompt_ids is not None else p_tok[i]
             y = list(r.response_ids) if r.response_ids is not None else r_tok[i]
             _check_vocab(p, "prompt_ids", vocab)
@@ -208,7 +251,7 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
 def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_prompt_length: int,
                         max_response_length: int, truncation: Truncation = "left", chat_template: bool = False,
                         report: DataReport | None = None) -> dict[str, np.ndarray]:
-    """Fixed-shape arrays of preference pairs.
+    """Fixed-shape arrays of preference pairs (the input of reward-model and DPO training).
 
     Returns ``prompt_ids``/``prompt_mask`` [N, P] (left padded, shared by both answers),
     ``chosen_ids``/``chosen_mask`` and ``rejected_ids``/``rejected_mask`` [N, R] (right padded),
@@ -217,12 +260,14 @@ def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_
     ``identical_pair``.
     """
     report = report if report is not None else DataReport()
-    p_tok = encode_prompts(tokenizer, [x.prompt for x in pairs], chat_template=chat_template)
-    c_tok = encode_responses(tokenizer, [x.chosen for x in pairs])
-    r_tok = encode_responses(tokenizer, [x.rejected for x in pairs])
+    p_tok, (c_tok, r_tok), failures = encode_rows(tokenizer, [x.prompt for x in pairs],
+                                                  [[x.chosen for x in pairs], [x.rejected for x in pairs]],
+                                                  chat_template=chat_template)
     kept, prompts, chosen, rejected = [], [], [], []
-    for pair, p, c, r in zip(pairs, p_tok, c_tok, r_tok):
+    for k, (pair, p, c, r) in enumerate(zip(pairs, p_tok, c_tok, r_tok)):
         try:
+            if k in failures:
+                raise failures[k]
             if not p:
                 raise _Skip("empty_tokens", "the prompt tokenizes to no tokens")
             p2, cut_p = fit_prompt(p, max_prompt_length, truncation)

@@ -14,17 +14,13 @@ from typing import Any, Iterable, Literal, Mapping
 import numpy as np
 
 from jaxppo.data import hh
-from jaxppo.data.report import SKIP_REASONS, DataError, DataReport
+from jaxppo.data.conversation import Text, as_response, check_prompt, parse_messages, split_implicit
+from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory, check_columns, map_columns
 
 LOGPROB_TOLERANCE = 1e-5  # log-probs may exceed 0 by float rounding, not more
 
-
-class _Bad(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+_Bad = RowSkip
 
 
 def check_text(value: Any, name: str, max_chars: int, *, allow_empty: bool = False) -> str:
@@ -51,6 +47,26 @@ def check_text(value: Any, name: str, max_chars: int, *, allow_empty: bool = Fal
     if len(value) > max_chars:
         raise _Bad("text_too_long", f"{name!r} has {len(value)} characters > data.max_text_chars={max_chars}")
     return value
+
+
+def check_text_or_messages(value: Any, name: str, max_chars: int, *, allow_empty: bool = False) -> Text:
+    """A string field as a string (:func:`check_text`), a list of ``{"role", "content"}`` messages as a
+    :data:`~jaxppo.data.conversation.Conversation` (:func:`~jaxppo.data.conversation.parse_messages`);
+    anything else is ``not_a_string``."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return parse_messages(value, name, max_chars)
+    if value is not None and not isinstance(value, (str, bytes, bytearray)):
+        raise _Bad("not_a_string", f"{name!r} must be a string or a list of chat messages, "
+                                   f"got {type(value).__name__} {value!r:.40}")
+    return check_text(value, name, max_chars, allow_empty=allow_empty)
+
+
+def check_label(value: Any, name: str = "label") -> float:
+    """TRL's unpaired boolean ``label`` as a score: True -> 1.0, False -> 0.0 (``bad_score`` otherwise)."""
+    if isinstance(value, (bool, np.bool_)):
+        return 1.0 if value else 0.0
+    raise _Bad("bad_score", f"{name!r} must be a boolean (True -> score 1, False -> score 0), "
+                            f"got {type(value).__name__} {value!r:.40}")
 
 
 def check_score(value: Any, name: str = "score") -> float:
@@ -119,11 +135,16 @@ def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[st
         rec = map_columns(raw, columns)
         try:
             # a text may be empty when its token ids are given (e.g. a sampled response that is only EOS)
-            prompt = check_text(rec.get("prompt"), "prompt", max_text_chars,
-                                allow_empty=rec.get("prompt_ids") is not None)
-            response = check_text(rec.get("response"), "response", max_text_chars,
-                                  allow_empty=rec.get("response_ids") is not None)
-            score = check_score(rec.get("score"))
+            prompt = check_text_or_messages(rec.get("prompt"), "prompt", max_text_chars,
+                                            allow_empty=rec.get("prompt_ids") is not None)
+            r_name = "completion" if rec.get("response") is None and rec.get("completion") is not None else "response"
+            response = check_text_or_messages(rec.get(r_name), r_name, max_text_chars,
+                                              allow_empty=rec.get("response_ids") is not None)
+            prompt, response = _conversational(prompt, response, r_name)
+            if rec.get("score") is None and rec.get("label") is not None:
+                score = check_label(rec.get("label"))
+            else:
+                score = check_score(rec.get("score"))
             lp = rec.get("behaviour_logprobs")
             lp = None if lp is None else check_logprobs(lp)
             pids = rec.get("prompt_ids")
@@ -143,6 +164,17 @@ def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[st
     return out
 
 
+def _conversational(prompt: Text, response: Text, name: str) -> tuple[Text, Text]:
+    """Checks of a (prompt, response) whose prompt or response is a conversation: the prompt ends with a
+    user turn, the response holds assistant turns only (a string after a conversational prompt becomes
+    one assistant message); a plain-text prompt with a conversational response is ``mixed_text_and_messages``."""
+    if isinstance(prompt, str):
+        if not isinstance(response, str):
+            raise _Bad("mixed_text_and_messages", f"'prompt' is a string but {name!r} is a list of messages")
+        return prompt, response
+    return check_prompt(prompt), as_response(response, name)
+
+
 PreferenceFormat = Literal["auto", "explicit", "hh"]
 
 
@@ -152,8 +184,11 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
     """Usable preference pairs of ``records``; every other row is counted in ``report``.
 
     ``preference_format``: ``"explicit"`` rows have ``prompt``/``chosen``/``rejected`` (responses);
-    ``"hh"`` rows have only ``chosen``/``rejected`` dialogues split by :func:`hh.split_pair`;
-    ``"auto"`` uses explicit rows when the (mapped) row has a ``prompt`` key, HH otherwise.
+    ``"hh"`` (implicit prompt) rows have only ``chosen``/``rejected``: HH-RLHF dialogue strings split by
+    :func:`hh.split_pair`, or two conversations split by
+    :func:`~jaxppo.data.conversation.split_implicit`; ``"auto"`` uses explicit rows when the (mapped)
+    row has a ``prompt`` key, implicit otherwise. Any text field may be a string or a list of chat
+    messages (see :mod:`jaxppo.data.conversation`).
     """
     columns = dict(columns or {})
     check_columns(columns, "preference")
@@ -166,15 +201,22 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
         if fmt == "auto":
             fmt = "explicit" if rec.get("prompt") is not None else "hh"
         try:
-            chosen = check_text(rec.get("chosen"), "chosen", max_text_chars)
-            rejected = check_text(rec.get("rejected"), "rejected", max_text_chars)
+            chosen = check_text_or_messages(rec.get("chosen"), "chosen", max_text_chars)
+            rejected = check_text_or_messages(rec.get("rejected"), "rejected", max_text_chars)
             if fmt == "explicit":
-                prompt = check_text(rec.get("prompt"), "prompt", max_text_chars)
-            else:
+                prompt = check_text_or_messages(rec.get("prompt"), "prompt", max_text_chars)
+                prompt, chosen = _conversational(prompt, chosen, "chosen")
+                prompt, rejected = _conversational(prompt, rejected, "rejected")
+            elif isinstance(chosen, str) and isinstance(rejected, str):
                 split = hh.split_pair(chosen, rejected)
                 if len(split) == 2:
                     raise _Bad(*split)
                 prompt, chosen, rejected = split
+            elif isinstance(chosen, str) or isinstance(rejected, str):
+                raise _Bad("mixed_text_and_messages", "one of chosen/rejected is a string, the other a list of "
+                                                      "messages (implicit-prompt rows need two conversations)")
+            else:
+                prompt, chosen, rejected = split_implicit(chosen, rejected)
             if chosen == rejected:
                 raise _Bad("identical_pair", "chosen and rejected are the same text")
         except _Bad as bad:
