@@ -8,8 +8,9 @@ logits at position ``P + t - 1``::
 
 The pass is jitted and batched with one static batch shape (the last batch is padded with copies
 of its first row and cut afterwards). Results are cached in a safetensors file named by a SHA-256
-of (model fingerprint, token arrays, shapes): a second run with the same model and data reads the
-file instead of running the model; anything else changes the key.
+of (model fingerprint, parameter dtype, compute dtype, token arrays, shapes, layout version): a second
+run with the same model, dtypes and data reads the file instead of running the model; anything else
+changes the key (a bfloat16 run never reads float32 log-probs, nor the reverse).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from jaxppo.data.report import DataReport
 
 logger = logging.getLogger("jaxppo.data")
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
 _TOKEN_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
@@ -80,10 +81,24 @@ def model_fingerprint(path: str | os.PathLike) -> str:
     return "|".join(parts)
 
 
-def cache_key(model_id: str, arrays: Mapping[str, np.ndarray]) -> str:
-    """SHA-256 (hex) of the model identity, the token arrays (bytes, dtypes, shapes) and the layout version."""
+def dtype_name(dtype: Any) -> str:
+    """Canonical name of a dtype given as a string, numpy/jax dtype or scalar type (``"bfloat16"``, ...)."""
+    return jnp.dtype(dtype).name
+
+
+def model_dtypes(model: Any) -> tuple[str, str]:
+    """``(param_dtype, compute_dtype)`` names of a jaxppo ``CausalLM`` (from its config)."""
+    cfg = model.config
+    return dtype_name(cfg.param_dtype), dtype_name(cfg.compute_dtype or cfg.param_dtype)
+
+
+def cache_key(model_id: str, arrays: Mapping[str, np.ndarray], *, param_dtype: Any = "float32",
+              compute_dtype: Any = "float32") -> str:
+    """SHA-256 (hex) of the model identity, its parameter and compute dtypes (both change the numbers), the
+    token arrays (bytes, dtypes, shapes) and the layout version."""
     h = hashlib.sha256()
     h.update(f"jaxppo-behaviour-v{CACHE_VERSION}\0{model_id}\0".encode())
+    h.update(f"param_dtype={dtype_name(param_dtype)}\0compute_dtype={dtype_name(compute_dtype)}\0".encode())
     for k in _TOKEN_KEYS:
         a = np.ascontiguousarray(arrays[k], dtype=np.int32)
         h.update(f"{k}:{a.shape}\0".encode())
@@ -133,9 +148,14 @@ def _write_cache(path: Path, arr: np.ndarray, key: str, model_id: str) -> bool:
 def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
                             model: nnx.Module | None = None, load_model: Callable[[str], nnx.Module] | None = None,
                             cache_dir: str | os.PathLike | None = None, batch_size: int = 32,
-                            report: DataReport | None = None) -> dict[str, np.ndarray]:
+                            report: DataReport | None = None, param_dtype: Any = None,
+                            compute_dtype: Any = None) -> dict[str, np.ndarray]:
     """``arrays`` with ``behaviour_logprobs`` of the rows whose ``has_behaviour`` is False computed by
     the reference model (``model``, or ``load_model(model_path)`` loaded only on a cache miss).
+
+    The cache key includes the dtypes the log-probs are computed in: ``param_dtype``/``compute_dtype``
+    when given, else those of ``model``, else float32 (``load_pretrained``'s default). A file is always
+    written under the key of the model that actually produced it (read from the loaded model).
 
     Logged log-probs are kept as they are. ``has_behaviour`` stays the data's flag (True = logged);
     ``report.notes`` records how many rows were computed and whether the cache was used.
@@ -146,7 +166,12 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
         return out
     sub = {k: np.asarray(arrays[k])[missing] for k in _TOKEN_KEYS}
     model_id = model_fingerprint(model_path)
-    key = cache_key(model_id, sub)
+    if model is not None:
+        dts = model_dtypes(model)
+        dts = (param_dtype or dts[0], compute_dtype or dts[1])
+    else:
+        dts = (param_dtype or "float32", compute_dtype or param_dtype or "float32")
+    key = cache_key(model_id, sub, param_dtype=dts[0], compute_dtype=dts[1])
     path = Path(cache_dir) / f"behaviour-{key[:32]}.safetensors" if cache_dir is not None else None
     shape = (int(missing.size), int(arrays["response_ids"].shape[1]))
     lp = _read_cache(path, key, shape) if path is not None and path.is_file() else None
@@ -158,6 +183,10 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
 
                 load_model = load_pretrained
             model = load_model(model_path)
+            if param_dtype is None and compute_dtype is None and hasattr(model, "config"):
+                key = cache_key(model_id, sub, param_dtype=model_dtypes(model)[0],
+                                compute_dtype=model_dtypes(model)[1])
+                path = Path(cache_dir) / f"behaviour-{key[:32]}.safetensors" if cache_dir is not None else None
         lp = compute_behaviour_logprobs(model, sub, batch_size=batch_size)
         if path is not None:
             _write_cache(path, lp, key, model_id)

@@ -122,3 +122,48 @@ def test_load_scored_arrays_end_to_end(stories, tmp_path, stories_tokenizer):
     assert arrays["behaviour_logprobs"][0, :arrays["response_mask"][0].sum()].max() < 0
     assert rep.notes["behaviour_logprobs_computed"] == 1
     assert (tmp_path / "jaxppo_cache").is_dir()  # cached beside the dataset
+
+
+def test_cache_key_includes_param_and_compute_dtypes(stories, tmp_path):
+    """A bfloat16 reference never reads the float32 cache (and its numbers really differ), nor the reverse."""
+    import jax.numpy as jnp
+
+    from jaxppo.hf import load_pretrained
+
+    path, model32 = stories
+    a = _arrays(PROMPTS, RESPONSES)
+    fp = model_fingerprint(path)
+    keys = {cache_key(fp, a, param_dtype=p, compute_dtype=c)
+            for p, c in [("float32", "float32"), ("bfloat16", "bfloat16"), ("float32", "bfloat16"),
+                         ("bfloat16", "float32")]}
+    assert len(keys) == 4
+    assert cache_key(fp, a, param_dtype=jnp.bfloat16, compute_dtype="bfloat16") == \
+        cache_key(fp, a, param_dtype="bfloat16", compute_dtype=jnp.dtype("bfloat16"))
+
+    first = fill_behaviour_logprobs(a, model_path=path, model=model32, cache_dir=tmp_path)
+    model16 = load_pretrained(path, dtype=jnp.bfloat16, compute_dtype=jnp.bfloat16)
+    loads = []
+
+    def loader16(p):
+        loads.append(p)
+        return model16
+
+    # no model given, bf16 requested: the float32 file must not be read
+    bf = fill_behaviour_logprobs(a, model_path=path, load_model=loader16, cache_dir=tmp_path,
+                                 param_dtype="bfloat16", compute_dtype="bfloat16")
+    assert len(loads) == 1 and len(list(tmp_path.glob("behaviour-*.safetensors"))) == 2
+    fresh16 = compute_behaviour_logprobs(model16, a)
+    np.testing.assert_array_equal(bf["behaviour_logprobs"], fresh16)
+    assert not np.allclose(bf["behaviour_logprobs"], first["behaviour_logprobs"], atol=1e-6)
+    # the dtypes are read from a given model: the bf16 model hits the bf16 file, the f32 model the f32 one
+    again16 = fill_behaviour_logprobs(a, model_path=path, model=model16, cache_dir=tmp_path)
+    again32 = fill_behaviour_logprobs(a, model_path=path, model=model32, cache_dir=tmp_path)
+    np.testing.assert_array_equal(again16["behaviour_logprobs"], bf["behaviour_logprobs"])
+    np.testing.assert_array_equal(again32["behaviour_logprobs"], first["behaviour_logprobs"])
+    # a loader without explicit dtypes: the file is written under the LOADED model's (bf16) key
+    loads.clear()
+    d2 = tmp_path / "second"
+    fill_behaviour_logprobs(a, model_path=path, load_model=loader16, cache_dir=d2)
+    (f,) = d2.glob("behaviour-*.safetensors")
+    assert f.name == (tmp_path / f"behaviour-{cache_key(fp, a, param_dtype='bfloat16', compute_dtype='bfloat16')[:32]}"
+                      ".safetensors").name
