@@ -1,4 +1,4 @@
-"""Pure buffer operations: ``add``, ``sample``, ``update_priorities``, ``set_priorities``.
+"""Pure buffer operations: ``add``, ``sample``, ``update_priorities``, ``set_priorities``, ``record_sample``.
 
 All are jittable (``batch_size`` static) and return new states. Eager calls validate their inputs and
 raise ``ValueError`` naming the problem; under ``jit`` the documented fallbacks apply.
@@ -10,7 +10,10 @@ Formulas (``N`` = number of valid items, i.e. filled slots with stored priority 
 - weights: ``w_i = (N·P(i))^(-β) / max_j (N·P(j))^(-β)``; the maximum is that of the least likely valid
   item in the whole buffer, so ``w_i = (P_min / P(i))^β`` (``N`` cancels) and ``0 < w_i <= 1``;
 - duplicates in one ``update_priorities`` / ``set_priorities``: the LARGEST new value of a slot is
-  stored (replacing the old one even if that was larger); the running max covers the stored values.
+  stored (replacing the old one even if that was larger); the running max covers the stored values;
+- staleness decay (``staleness.py``, ``init(decay=..., decay_rate=r)``): ``p_i`` above is the stored priority
+  times ``r^(n_i)`` (``"sampled"``) or ``r^(age_i)`` (``"age"``); ``add`` and ``set_priorities`` refresh an
+  item (``n_i = 0``, ``age_i = 0``), ``update_priorities`` does not.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.parallel.mesh import batch_divisor
+from jaxppo.replay import staleness
 from jaxppo.replay import tree as tree_lib
 from jaxppo.replay.sampling import stratified_descent
 from jaxppo.replay.state import (ReplayState, Sample, constrain, is_concrete, leading_sharding,
@@ -44,22 +48,7 @@ def _check_finite(name: str, x: Any) -> None:
 
 @jax.jit
 def _write_priorities(state: ReplayState, indices: jax.Array, stored: jax.Array) -> ReplayState:
-    indices = jnp.asarray(indices, jnp.int32)
-    n = state.priorities.shape[0]
-    valid = (indices >= 0) & (indices < state.size)
-    target = jnp.where(valid, indices, n)                                     # n: out of bounds, dropped
-    # Duplicates: the LARGEST new value of a slot wins. Clear the slots, then scatter-max: both are
-    # order-independent, so the result is deterministic without sorting the batch.
-    # (``0·stored`` rather than a constant 0: the clearing scatter then depends on the new values,
-    # which orders every read of the old priorities before it, so XLA updates the donated buffer in
-    # place instead of copying it; the values are finite here, so this is exactly 0.)
-    priorities = state.priorities.at[target].set(0.0 * stored, mode="drop")
-    priorities = priorities.at[target].max(stored, mode="drop")
-    priorities = constrain(priorities, leading_sharding(state.mesh, 1))
-    new_max = jnp.max(jnp.where(valid, stored, 0.0), initial=0.0)
-    tree = tree_lib.refresh(state.tree, priorities, jnp.clip(indices, 0, n - 1), state.layout)
-    return state.replace(priorities=priorities, tree=constrain(tree, replicated_sharding(state.mesh)),
-                         max_priority=jnp.maximum(state.max_priority, new_max))
+    return staleness.write(state, indices, stored, reset=False)
 
 
 def _check_indices(state: ReplayState, indices: Any) -> None:
@@ -77,10 +66,13 @@ def _check_indices(state: ReplayState, indices: Any) -> None:
 _stored_priority = jax.jit(stored_priority)
 
 
-@jax.jit
-def _set_stored(state: ReplayState, indices: jax.Array, priorities: jax.Array) -> ReplayState:
+@functools.partial(jax.jit, static_argnames="refresh")
+def _set_stored(state: ReplayState, indices: jax.Array, priorities: jax.Array, refresh: bool) -> ReplayState:
     stored = jnp.maximum(jnp.nan_to_num(jnp.asarray(priorities, jnp.float32), nan=0.0, posinf=0.0), 0.0)
-    return _write_priorities(state, indices, stored)
+    return staleness.write(state, indices, stored, reset=refresh)
+
+
+_record = jax.jit(staleness.record_counts)
 
 
 @jax.jit
@@ -89,10 +81,19 @@ def _add_core(state: ReplayState, new_storage: dict, stored: jax.Array) -> Repla
     pos = (state.insert_pos + jnp.arange(b, dtype=jnp.int32)) % state.capacity
     storage = {k: constrain(state.storage[k].at[pos].set(v), leading_sharding(state.mesh, v.ndim))
                for k, v in new_storage.items()}
-    pr = constrain(state.priorities.at[pos].set(stored), leading_sharding(state.mesh, 1))
+    shard = leading_sharding(state.mesh, 1)
+    base = constrain(state.base_priorities.at[pos].set(stored), shard)
+    counts = constrain(state.sample_count.at[pos].set(0), shard)
+    refreshed = constrain(state.refresh_step.at[pos].set(state.clock), shard)
+    if state.decay == "none":
+        pr = base
+    else:
+        pr = constrain(state.priorities.at[pos].set(
+            staleness.leaf_values(state, stored, counts[pos], refreshed[pos])), shard)
     tree = constrain(tree_lib.build(pr, state.layout), replicated_sharding(state.mesh))
     return state.replace(
-        storage=storage, priorities=pr, tree=tree,
+        storage=storage, priorities=pr, tree=tree, base_priorities=base, sample_count=counts,
+        refresh_step=refreshed,
         max_priority=jnp.maximum(state.max_priority, jnp.max(stored)),
         insert_pos=(state.insert_pos + b) % state.capacity,
         size=jnp.minimum(state.size + b, state.capacity).astype(jnp.int32),
@@ -116,11 +117,14 @@ def update_priorities(state: ReplayState, indices: jax.Array, td_abs: jax.Array)
     return _write_priorities(state, indices, _stored_priority(state, td_abs))
 
 
-def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array) -> ReplayState:
+def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array, *,
+                   refresh: bool = True) -> ReplayState:
     """Write STORED priorities directly (no ``ε``, no exponent): ``0`` switches an item off.
 
     Use it to mask or scale items by a filter (e.g. PF-PPO weights times the current priorities).
     Values must be finite and ``>= 0``; duplicates: the largest value wins; the running max is updated.
+    ``refresh=True`` (the trainer's prepare pass) also resets the items' staleness (``staleness.py``):
+    ``n_i = 0``, ``refresh_step_i = clock``; ``refresh=False`` keeps it (the decay applies to the new value).
     """
     b = _batch_len("indices", indices)
     if _batch_len("priorities", priorities) != b:
@@ -130,7 +134,31 @@ def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array
     _check_finite("priorities", priorities)
     if is_concrete(priorities) and bool(np.any(np.asarray(priorities) < 0)):
         raise ValueError("replay set_priorities: stored priorities must be >= 0")
-    return _set_stored(state, jnp.asarray(indices), jnp.asarray(priorities))
+    return _set_stored(state, jnp.asarray(indices), jnp.asarray(priorities), bool(refresh))
+
+
+def record_sample(state: ReplayState, indices: jax.Array, td_abs: jax.Array | None = None) -> ReplayState:
+    """Record one training step's draw for the staleness decay (``staleness.py``) and, optionally, its priorities.
+
+    ``n_i += 1`` for each occurrence of ``i`` in ``indices``, ``clock += 1``; with ``td_abs`` the fresh
+    priorities are stored exactly as :func:`update_priorities` stores them (no staleness reset), in the same
+    tree update. ``"sampled"`` decay rewrites the drawn items' leaves to ``b_i · r^(n_i)``; ``"age"`` rebases
+    its leaves when due. With ``decay="none"`` only the counters move (and ``td_abs`` is stored), so
+    ``record_sample(s, idx, td)`` then equals ``update_priorities(s, idx, td)`` in every priority and tree
+    value. Call it once per step after :func:`sample` with the indices actually trained on. Under ``jit``
+    indices outside ``0..size-1`` are ignored and non-finite ``|δ|`` get the running maximum; eager calls
+    raise ``ValueError`` for both.
+    """
+    b = _batch_len("indices", indices)
+    _check_indices(state, indices)
+    base = None
+    if td_abs is not None:
+        if _batch_len("td_abs", td_abs) != b:
+            raise ValueError(f"replay record_sample: indices has {b} entries but td_abs has "
+                             f"{np.shape(td_abs)[0]}")
+        _check_finite("td_abs", td_abs)
+        base = _stored_priority(state, td_abs)
+    return _record(state, jnp.asarray(indices), base)
 
 
 def add(state: ReplayState, items: Mapping[str, Any], priorities: jax.Array | None = None) -> ReplayState:

@@ -40,3 +40,15 @@ def metrics(state: ReplayState, sample: Sample | None = None, *, beta: float | j
     if beta is not None:
         out["beta"] = jnp.asarray(beta, jnp.float32)
     return out
+
+
+def staleness_metrics(state: ReplayState) -> dict[str, jax.Array]:
+    """Staleness of the valid items (``staleness.py``), float32 scalars, ``O(capacity)``:
+    ``sample_count_mean`` / ``sample_count_max`` (``n_i``: draws since the item's refresh) and ``age_mean``
+    (``clock - refresh_step_i``: steps since its refresh). Logged as ``replay/<name>``."""
+    valid = (state.base_priorities > 0) & (jnp.arange(state.priorities.shape[0]) < state.size)
+    k = jnp.maximum(jnp.sum(valid), 1).astype(jnp.float32)
+    cnt = jnp.where(valid, state.sample_count, 0).astype(jnp.float32)
+    age = jnp.where(valid, state.clock - state.refresh_step, 0).astype(jnp.float32)
+    return {"sample_count_mean": jnp.sum(cnt) / k, "sample_count_max": jnp.max(cnt, initial=0.0),
+            "age_mean": jnp.sum(age) / k}

@@ -3,8 +3,10 @@
 What is stored
 --------------
 ``storage``        dict of arrays, each ``[capacity, ...]`` (one row per trajectory).
-``priorities``     float32 ``[layout.sizes[0]]`` (padded past ``capacity`` with zeros). Slot ``i``
-                   holds the *stored priority* of item ``i``:
+``priorities``     float32 ``[layout.sizes[0]]`` (padded past ``capacity`` with zeros): the leaves of the
+                   sum tree, i.e. what sampling uses: the stored priority of item ``i`` times its staleness
+                   decay factor (``staleness.py``; the factor is 1 with ``decay="none"``). The *stored
+                   priority* of item ``i`` is:
 
                    - ``prioritization="proportional"``: ``p_i = (|δ_i| + ε)^α`` — already raised to α, so
                      sampling uses it directly: ``P(i) = p_i / Σ_k p_k``.
@@ -18,14 +20,23 @@ What is stored
                    of its leaves and their smallest positive value (``+inf`` if none; the top's minimum is
                    the least likely valid item, for the PER weights). Nodes are recomputed exactly from
                    their children whenever a leaf below changes, so the tree cannot drift.
+``base_priorities`` float32, shaped and sharded like ``priorities``: the stored priorities before the
+                   staleness decay (equal to ``priorities`` when ``decay="none"``).
+``sample_count``   int32, like ``priorities``: ``n_i``, times item ``i`` was drawn (``record_sample``) since
+                   its last refresh (``add`` / ``set_priorities``).
+``refresh_step``   int32, like ``priorities``: the ``clock`` value at item ``i``'s last refresh.
+``clock``          int32 scalar: the number of ``record_sample`` calls so far (one per training step);
+                   ``age_i = clock - refresh_step_i``.
+``decay_ref``      int32 scalar: the clock value the ``"age"`` leaves are expressed at (``staleness.py``).
 ``max_priority``   float32 scalar: running maximum of every stored priority ever written (starts at 1.0);
                    new items get it.
 ``insert_pos``     int32 scalar: the ring position the next item is written to.
 ``size``           int32 scalar: number of filled slots (``min(items added, capacity)``); slots
                    ``0..size-1`` are filled.
 
-Static (not pytree leaves): ``capacity``, ``alpha``, ``eps``, ``prioritization``, the tree ``layout`` and
-the optional ``mesh``. With a mesh, ``storage`` and ``priorities`` are sharded over the batch axes
+Static (not pytree leaves): ``capacity``, ``alpha``, ``eps``, ``prioritization``, ``decay``, ``decay_rate``,
+the tree ``layout`` and the optional ``mesh``. With a mesh, ``storage`` and the per-slot arrays
+(``priorities``, ``base_priorities``, ``sample_count``, ``refresh_step``) are sharded over the batch axes
 ``("data", "fsdp")``; the small ``tree`` and the scalars are replicated.
 """
 
@@ -44,6 +55,7 @@ from jaxppo.parallel.mesh import BATCH_AXES, batch_divisor
 from jaxppo.replay.tree import TreeLayout, auto_layout
 
 PRIORITIZATIONS = ("proportional", "rank")
+DECAYS = ("none", "sampled", "age")
 
 
 @struct.dataclass
@@ -56,12 +68,19 @@ class ReplayState:
     max_priority: jax.Array
     insert_pos: jax.Array
     size: jax.Array
+    base_priorities: jax.Array
+    sample_count: jax.Array
+    refresh_step: jax.Array
+    clock: jax.Array
+    decay_ref: jax.Array
     capacity: int = struct.field(pytree_node=False)
     alpha: float = struct.field(pytree_node=False)
     eps: float = struct.field(pytree_node=False)
     prioritization: str = struct.field(pytree_node=False)
     layout: TreeLayout = struct.field(pytree_node=False)
     mesh: Mesh | None = struct.field(pytree_node=False, default=None)
+    decay: str = struct.field(pytree_node=False, default="none")
+    decay_rate: float = struct.field(pytree_node=False, default=1.0)
 
 
 @struct.dataclass
@@ -116,16 +135,17 @@ def _check_scalar(name: str, value: Any, *, low: float, strict: bool = False) ->
 
 def init(capacity: int, example_item: Mapping[str, Any], *, alpha: float = 0.6, eps: float = 1e-6,
          prioritization: str = "proportional", mesh: Mesh | None = None,
-         leaf_fanout: int | None = None) -> ReplayState:
+         leaf_fanout: int | None = None, decay: str = "none", decay_rate: float = 1.0) -> ReplayState:
     """An empty buffer of ``capacity`` items shaped like ``example_item``.
 
     ``example_item``: dict of arrays (or ``jax.ShapeDtypeStruct``) for ONE item, without a batch axis,
     e.g. ``{"response_ids": jnp.zeros((R,), jnp.int32), "score": jnp.zeros((), jnp.float32)}``.
     ``alpha`` (≥ 0) the priority exponent, ``eps`` (≥ 0) added to ``|δ|``, ``prioritization``
-    ``"proportional"`` or ``"rank"``. With ``mesh`` (``jaxppo.parallel.make_mesh``) storage and priorities
-    are sharded over ``("data", "fsdp")``; ``capacity`` must then be a multiple of the number of batch
-    shards. ``leaf_fanout`` (a power of two ≤ 1024) is a speed knob for the tree's leaf rows; the default
-comes from :func:`jaxppo.replay.tree.auto_layout`.
+    ``"proportional"`` or ``"rank"``. ``decay`` (``"none"``, ``"sampled"``, ``"age"``) and ``decay_rate``
+    (in ``(0, 1]``) the staleness decay of ``staleness.py``. With ``mesh`` (``jaxppo.parallel.make_mesh``)
+    storage and priorities are sharded over ``("data", "fsdp")``; ``capacity`` must then be a multiple of the
+    number of batch shards. ``leaf_fanout`` (a power of two ≤ 1024) is a speed knob for the tree's leaf rows;
+    the default comes from :func:`jaxppo.replay.tree.auto_layout`.
     """
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise ValueError(f"replay capacity must be a positive integer, got {capacity!r}")
@@ -136,6 +156,11 @@ comes from :func:`jaxppo.replay.tree.auto_layout`.
     eps = _check_scalar("eps", eps, low=0.0)
     if prioritization not in PRIORITIZATIONS:
         raise ValueError(f"replay prioritization must be one of {PRIORITIZATIONS}, got {prioritization!r}")
+    if decay not in DECAYS:
+        raise ValueError(f"replay decay.kind must be one of {DECAYS}, got {decay!r}")
+    decay_rate = _check_scalar("decay.rate", decay_rate, low=0.0, strict=True)
+    if decay_rate > 1.0:
+        raise ValueError(f"replay.decay.rate must be in (0, 1], got {decay_rate!r}")
     if not isinstance(example_item, Mapping) or not example_item:
         raise ValueError("replay example_item must be a non-empty dict of arrays (one item, no batch axis), "
                          f"got {type(example_item).__name__}")
@@ -158,7 +183,8 @@ comes from :func:`jaxppo.replay.tree.auto_layout`.
         shape, dtype = tuple(leaf.shape), jnp.dtype(leaf.dtype)
         storage[key] = jax.device_put(jnp.zeros((capacity, *shape), dtype),
                                       leading_sharding(mesh, 1 + len(shape)))
-    priorities = jax.device_put(jnp.zeros((layout.sizes[0],), jnp.float32), leading_sharding(mesh, 1))
+    per_slot = leading_sharding(mesh, 1)
+    priorities = jax.device_put(jnp.zeros((layout.sizes[0],), jnp.float32), per_slot)
     rep = replicated_sharding(mesh)
     tree = jnp.stack([jnp.zeros((layout.num_nodes,), jnp.float32), jnp.full((layout.num_nodes,), jnp.inf)])
     return ReplayState(
@@ -168,8 +194,13 @@ comes from :func:`jaxppo.replay.tree.auto_layout`.
         max_priority=jax.device_put(jnp.ones((), jnp.float32), rep),
         insert_pos=jax.device_put(jnp.zeros((), jnp.int32), rep),
         size=jax.device_put(jnp.zeros((), jnp.int32), rep),
+        base_priorities=jax.device_put(jnp.zeros((layout.sizes[0],), jnp.float32), per_slot),
+        sample_count=jax.device_put(jnp.zeros((layout.sizes[0],), jnp.int32), per_slot),
+        refresh_step=jax.device_put(jnp.zeros((layout.sizes[0],), jnp.int32), per_slot),
+        clock=jax.device_put(jnp.zeros((), jnp.int32), rep),
+        decay_ref=jax.device_put(jnp.zeros((), jnp.int32), rep),
         capacity=capacity, alpha=alpha, eps=eps, prioritization=prioritization,
-        layout=layout, mesh=mesh,
+        layout=layout, mesh=mesh, decay=decay, decay_rate=decay_rate,
     )
 
 
