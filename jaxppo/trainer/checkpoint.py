@@ -2,18 +2,33 @@
 
 Layout: ``<dir>/<step>/state`` (the ``TrainState`` pytree: params, optimizer states, replay storage and
 priorities, RNG key, KL coefficient, LR scale, counters, data cursor) and ``<dir>/<step>/meta`` (JSON:
-step, guard state, config, data fingerprint). Orbax writes each step into a temporary directory and
-renames it when the write is complete, so ``latest_step()`` only ever sees complete checkpoints; a
-process killed mid-write leaves a temporary directory that is ignored (and cleaned up on the next
-start). Saves are asynchronous: ``save`` copies the state (the train step donates its buffers) and
-the files are written in the background. A state with any non-finite parameter is never written.
+step, ``verified``, guard state, config, data fingerprint). Orbax writes each step into a temporary
+directory and renames it when the write is complete, so ``latest_step()`` only ever sees complete
+checkpoints; a process killed mid-write leaves a temporary directory that is ignored (and cleaned up on
+the next start). Saves are asynchronous: ``save`` copies the state (the train step donates its buffers)
+and the files are written in the background. A state with any non-finite parameter is never written.
+
+Verified checkpoints and rotation: ``save(..., verified=True)`` marks a checkpoint whose policy passed
+the held-out perplexity guard at that step (the trainer also marks the step-0 checkpoint, whose
+perplexity is the baseline). Rotation keeps the newest ``keep_last`` checkpoints **and** the newest
+verified one (``newest_verified()``, the target of a rollback), so a rollback target is never deleted
+while newer unverified checkpoints accumulate. Deletion is done here, not by Orbax's ``max_to_keep``.
+
+Errors: a checkpoint whose stored tree (paths, shapes, dtypes) differs from this run's state is a
+``CheckpointMismatchError`` (written by a run with another model/data/config); one whose files cannot
+be read (truncated/corrupted data, manifest or metadata) is a ``CheckpointDamagedError``.
+``restore_newest`` skips damaged checkpoints: each is moved aside to ``<step>.damaged-<UTC time>``
+(outside Orbax's view, never deleted) and the next older one is tried.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -22,59 +37,225 @@ from jaxppo.trainer.state import TrainState, param_finite
 
 logger = logging.getLogger("jaxppo.trainer")
 
+META_FILE = ("meta", "metadata")  # where Orbax's JsonSave puts the side-car inside <step>/
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used (does not match this run's state or is unreadable)."""
 
 
+class CheckpointMismatchError(CheckpointError):
+    """The stored tree differs from this run's state: another model/data/config wrote it."""
+
+
+class CheckpointDamagedError(CheckpointError):
+    """The checkpoint's files cannot be read (truncated or corrupted)."""
+
+
+@dataclass
+class Restored:
+    """Result of :meth:`Checkpointer.restore_newest`: the restored step (None: nothing restorable) and the
+    damaged checkpoints moved aside on the way, as ``(step, new_path, reason)``."""
+
+    step: int | None
+    state: TrainState | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    damaged: list[tuple[int, Path, str]] = field(default_factory=list)
+
+
+def _path_key(k: Any) -> str:
+    for attr in ("name", "key", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def tree_signature(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{"a/b/c": (shape, dtype)}`` of every array leaf (attribute, dict and sequence keys alike)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(_path_key(k) for k in path): (tuple(int(d) for d in leaf.shape), str(leaf.dtype))
+            for path, leaf in leaves if hasattr(leaf, "shape") and hasattr(leaf, "dtype")}
+
+
+def signature_diff(stored: dict[str, tuple], expected: dict[str, tuple], limit: int = 3) -> str:
+    """A short description of how two :func:`tree_signature` results differ ("" when they are equal)."""
+    parts = []
+    missing = sorted(set(expected) - set(stored))
+    extra = sorted(set(stored) - set(expected))
+    if missing:
+        parts.append(f"missing {missing[:limit]}{' ...' if len(missing) > limit else ''}")
+    if extra:
+        parts.append(f"unexpected {extra[:limit]}{' ...' if len(extra) > limit else ''}")
+    differ = [k for k in sorted(set(stored) & set(expected)) if stored[k] != expected[k]]
+    parts += [f"{k}: stored {stored[k][0]} {stored[k][1]}, expected {expected[k][0]} {expected[k][1]}"
+              for k in differ[:limit]]
+    if len(differ) > limit:
+        parts.append(f"... {len(differ) - limit} more")
+    return "; ".join(parts)
+
+
 class Checkpointer:
-    """Save/restore ``TrainState`` + JSON metadata under ``directory`` (keeps the newest ``keep_last``)."""
+    """Save/restore ``TrainState`` + JSON metadata under ``directory`` (keeps the newest ``keep_last`` and the
+    newest verified checkpoint)."""
 
     def __init__(self, directory: str | Path, *, keep_last: int, async_save: bool = True):
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.directory = Path(directory).absolute()
         self.directory.mkdir(parents=True, exist_ok=True)
-        opts = ocp.CheckpointManagerOptions(max_to_keep=keep_last, enable_async_checkpointing=async_save,
+        self.keep_last = int(keep_last)
+        opts = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save,
                                             cleanup_tmp_directories=True, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=opts)
+        self._verified = {s for s in self.all_steps() if self._read_meta_file(s).get("verified") is True}
 
+    # ------------------------------------------------------------------ listing
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def all_steps(self) -> list[int]:
-        return list(self.manager.all_steps())
+        return sorted(int(s) for s in self.manager.all_steps())
 
-    def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> bool:
+    def verified_steps(self) -> list[int]:
+        present = set(self.all_steps())
+        return sorted(s for s in self._verified if s in present)
+
+    def newest_verified(self) -> int | None:
+        """The newest checkpoint saved with ``verified=True`` (the rollback target), or None."""
+        v = self.verified_steps()
+        return v[-1] if v else None
+
+    def _read_meta_file(self, step: int) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.directory.joinpath(str(step), *META_FILE).read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, state: TrainState, meta: dict[str, Any], *, verified: bool = False) -> bool:
         """Write ``state`` at ``step``; returns False (nothing written) when a parameter is non-finite."""
         if not param_finite(state):
             logger.warning("step %d: not saving a checkpoint, the parameters contain NaN/inf", step)
             return False
+        step = int(step)
         # the next update step donates (reuses) the state's buffers while the write runs in the
         # background, so the asynchronous save gets its own copy
         snapshot = jax.tree.map(lambda x: x.copy(), state)
-        self.manager.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(snapshot),
-                                                             meta=ocp.args.JsonSave(dict(meta, step=int(step)))),
-                          force=True)
+        self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(snapshot),
+            meta=ocp.args.JsonSave(dict(meta, step=step, verified=bool(verified)))), force=True)
+        if verified:
+            self._verified.add(step)
+        else:
+            self._verified.discard(step)
+        self._rotate()
         return True
 
+    def _rotate(self) -> None:
+        """Delete all but the newest ``keep_last`` checkpoints and the newest verified one."""
+        steps = self.all_steps()
+        keep = set(steps[-self.keep_last:])
+        nv = self.newest_verified()
+        if nv is not None:
+            keep.add(nv)
+        for s in steps:
+            if s not in keep:
+                self.manager.delete(s)
+                self._verified.discard(s)
+
+    # ------------------------------------------------------------------ restore
+    def _classify(self, step: int, like: TrainState, err: BaseException) -> CheckpointError:
+        """Why ``step`` did not restore: the stored tree's paths (``state/_METADATA``, plain JSON) or the shapes
+        and dtypes of its readable arrays differ from ``like`` -> mismatch; otherwise -> damaged."""
+        where = f"checkpoint step {step} in {self.directory}"
+        expected = tree_signature(like)
+        try:
+            tree_md = json.loads((self.directory / str(step) / "state" / "_METADATA").read_text())["tree_metadata"]
+            paths = {"/".join(str(k["key"]) for k in entry["key_metadata"]) for entry in tree_md.values()
+                     if entry.get("value_metadata", {}).get("value_type") not in (None, "None")}
+        except Exception as e:  # noqa: BLE001 - unreadable tree metadata: the checkpoint is damaged
+            return CheckpointDamagedError(f"{where} is damaged (its tree metadata cannot be read: "
+                                          f"{type(e).__name__}: {str(e)[:300]})")
+        stored = {k: ("?", "?") for k in paths}
+        try:   # shapes/dtypes of the arrays whose headers are readable (unreadable ones are left out)
+            with ocp.StandardCheckpointer() as c:
+                md = c.metadata(self.directory / str(step) / "state").item_metadata
+            stored.update({k: v for k, v in tree_signature(getattr(md, "tree", md)).items() if k in stored})
+        except Exception:  # noqa: BLE001,S110 - array headers unreadable: compare paths only
+            pass
+        # an unreadable array header is not evidence of a mismatch: compare it as if it matched
+        merged = {k: expected[k] if v == ("?", "?") and k in expected else v for k, v in stored.items()}
+        diff = signature_diff(merged, expected)
+        if diff:
+            return CheckpointMismatchError(
+                f"{where} does not match this run's state ({diff}). It was probably written by a run with another "
+                "model/data/config; use another trainer.output_dir or trainer.resume=never")
+        return CheckpointDamagedError(f"{where} is damaged (its files cannot be read: {type(err).__name__}: "
+                                      f"{str(err)[:300]})")
+
     def restore(self, step: int, like: TrainState) -> tuple[TrainState, dict[str, Any]]:
-        """The state saved at ``step``, with the structure, dtypes and shardings of ``like``."""
+        """The state saved at ``step``, with the structure, dtypes and shardings of ``like``.
+
+        Raises ``CheckpointMismatchError`` (stored paths/shapes/dtypes differ from ``like``) or
+        ``CheckpointDamagedError`` (the files cannot be read)."""
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         try:
             out = self.manager.restore(int(step), args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        except Exception as e:  # noqa: BLE001 - re-raised with the directory and a hint
-            raise CheckpointError(
-                f"cannot restore checkpoint step {step} from {self.directory}: {type(e).__name__}: {e}. "
-                "It was probably written by a run with another model/data/config; use another "
-                "trainer.output_dir or trainer.resume=never") from e
+            meta = dict(out.meta)
+        except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
+            raise self._classify(int(step), like, e) from e
         # re-materialise as jit outputs: arrays assembled by the restore are not reliably donatable
         shardings = jax.tree.map(lambda x: x.sharding, like)
         state = jax.jit(lambda t: jax.tree.map(lambda x: x.copy(), t), out_shardings=shardings)(out.state)
-        return state, dict(out.meta)
+        return state, meta
 
+    def move_aside(self, step: int) -> Path:
+        """Rename ``<dir>/<step>`` to ``<dir>/<step>.damaged-<UTC time>`` (Orbax no longer lists it)."""
+        self.manager.wait_until_finished()
+        src = self.directory / str(int(step))
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dst = self.directory / f"{int(step)}.damaged-{stamp}"
+        n = 1
+        while dst.exists():
+            dst = self.directory / f"{int(step)}.damaged-{stamp}-{n}"
+            n += 1
+        src.rename(dst)
+        self.manager.reload()
+        self._verified.discard(int(step))
+        return dst
+
+    def restore_newest(self, like: TrainState, *, verified_only: bool = False,
+                       on_damaged: Callable[[int, Path, str], None] | None = None) -> Restored:
+        """Restore the newest (``verified_only``: newest verified) checkpoint that can be read.
+
+        Damaged checkpoints met on the way are moved aside (:meth:`move_aside`) and reported through
+        ``on_damaged(step, new_path, reason)``; a ``CheckpointMismatchError`` is raised as is.
+        """
+        self.manager.wait_until_finished()
+        result = Restored(step=None)
+        while True:
+            candidates = self.verified_steps() if verified_only else self.all_steps()
+            if not candidates:
+                return result
+            step = candidates[-1]
+            try:
+                state, meta = self.restore(step, like)
+            except CheckpointDamagedError as e:
+                moved = self.move_aside(step)
+                logger.warning("%s; moved it to %s and trying an older checkpoint", e, moved)
+                result.damaged.append((step, moved, str(e)))
+                if on_damaged is not None:
+                    on_damaged(step, moved, str(e))
+                continue
+            result.step, result.state, result.meta = step, state, meta
+            return result
+
+    # ------------------------------------------------------------------ lifecycle
     def wait(self) -> None:
         self.manager.wait_until_finished()
+        self._rotate()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self.wait()
         self.manager.close()
