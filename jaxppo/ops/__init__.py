@@ -3,31 +3,57 @@
 Public API (DESIGN.md section 4) plus the KL-coefficient controllers. Every function is jittable;
 docstrings give the formulas. Modules: ``advantages`` (GAE), ``masked`` (masked reductions, whitening),
 ``logits`` (entropy, log-probs), ``kl`` (estimators, controllers), ``losses`` (aggregation, policy and value
-losses), ``importance`` (behaviour importance weights).
+losses), ``importance`` (behaviour importance weights), ``group_advantages`` (critic-free estimators and the
+``ADVANTAGE_ESTIMATORS`` registry), ``priorities`` (replay priorities, ``PRIORITY_FNS``), ``rollout_correction``
+(verl's rollout IS weights, rejection masks, off-policy diagnostics), ``dpo`` (DPO-family losses).
 """
 
 from jaxppo.ops.advantages import gae
+from jaxppo.ops.dpo import dpo_loss, rpo_nll
+from jaxppo.ops.group_advantages import (ADVANTAGE_ESTIMATORS, AdvantageEstimator, AdvantageHParams,
+                                         get_advantage_estimator, grpo_advantages, register_advantage_estimator,
+                                         reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages)
 from jaxppo.ops.importance import importance_weights
 from jaxppo.ops.kl import (AdaptiveKLController, FixedKLController, adaptive_kl_update, kl_penalty,
                            make_kl_controller, update_kl_controller)
 from jaxppo.ops.logits import entropy_from_logits, logprobs_from_logits
 from jaxppo.ops.losses import aggregate, policy_loss, value_loss
 from jaxppo.ops.masked import masked_mean, masked_whiten
+from jaxppo.ops.priorities import PRIORITY_FNS, priority_abs_advantage, priority_group_variance, priority_td_error
+from jaxppo.ops.rollout_correction import offpolicy_metrics, rejection_mask, rollout_correction_weights
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
+    "AdvantageEstimator",
+    "AdvantageHParams",
     "FixedKLController",
+    "PRIORITY_FNS",
     "adaptive_kl_update",
     "aggregate",
+    "dpo_loss",
     "entropy_from_logits",
     "gae",
+    "get_advantage_estimator",
+    "grpo_advantages",
     "importance_weights",
     "kl_penalty",
     "logprobs_from_logits",
     "make_kl_controller",
     "masked_mean",
     "masked_whiten",
+    "offpolicy_metrics",
     "policy_loss",
+    "priority_abs_advantage",
+    "priority_group_variance",
+    "priority_td_error",
+    "register_advantage_estimator",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "rejection_mask",
+    "rloo_advantages",
+    "rollout_correction_weights",
+    "rpo_nll",
     "update_kl_controller",
     "value_loss",
 ]

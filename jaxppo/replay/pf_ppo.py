@@ -157,3 +157,25 @@ def resample_indices(key: jax.Array, weights, num_samples: int | None = None) ->
     w = jnp.asarray(weights, jnp.float32)
     n = w.shape[0] if num_samples is None else int(num_samples)
     return jax.random.categorical(key, jnp.log(w), shape=(n,)).astype(jnp.int32)
+
+
+def dynamic_sampling_weights(scores, group_ids, num_groups: int, *, mask=None,
+                             atol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+    """DAPO dynamic sampling as a keep mask: ``(weights [B] float32 in {0, 1}, n_dropped_groups int32)``.
+
+    A group whose real responses all have (nearly) the same score carries no signal for group-relative
+    estimators (std 0, every advantage 0): all its rows get 0; every other real response gets 1. "Equal"
+    means ``max_g s - min_g s <= atol``. As verl's DAPO recipe (``std > 0 or len == 1``), a group with a single
+    real response is kept. ``n_dropped_groups`` counts the dropped groups.
+    """
+    _check(scores, group_ids, num_groups, mask)
+    if is_concrete(atol) and not float(atol) >= 0:
+        raise ValueError(f"pf_ppo: atol must be >= 0, got {atol!r}")
+    scores, group_ids = jnp.asarray(scores, jnp.float32), jnp.asarray(group_ids, jnp.int32)
+    valid = _valid(scores, mask)
+    hi = jax.ops.segment_max(jnp.where(valid, scores, -jnp.inf), group_ids, num_segments=num_groups)
+    lo = jax.ops.segment_min(jnp.where(valid, scores, jnp.inf), group_ids, num_segments=num_groups)
+    count = jax.ops.segment_sum(valid.astype(jnp.int32), group_ids, num_segments=num_groups)
+    dropped = (count > 1) & (hi - lo <= atol)
+    weights = (valid & ~dropped[group_ids]).astype(jnp.float32)
+    return weights, jnp.sum(dropped).astype(jnp.int32)

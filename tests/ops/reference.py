@@ -264,3 +264,275 @@ def finite_difference_grad(f, x: np.ndarray, eps: float = 1e-4) -> np.ndarray:
         xm[idx] -= eps
         out[idx] = (f(xp) - f(xm)) / (2 * eps)
     return out
+
+
+# --- critic-free estimators, priorities, rollout correction, DPO (written from the formulas, plain loops) ---
+
+
+def _groups(group_ids):
+    groups = {}
+    for i, g in enumerate(np.asarray(group_ids).tolist()):
+        groups.setdefault(g, []).append(i)
+    return groups
+
+
+def _row_scores(rewards, mask):
+    r = np.asarray(rewards, np.float64)
+    mk = np.asarray(mask) != 0
+    return [sum(float(r[i, t]) for t in range(r.shape[1]) if mk[i, t]) for i in range(r.shape[0])]
+
+
+def _broadcast_rows(values, mask):
+    mk = np.asarray(mask) != 0
+    return np.array([[values[i] if mk[i, t] else 0.0 for t in range(mk.shape[1])] for i in range(mk.shape[0])])
+
+
+def _mean_std(vals):
+    n = len(vals)
+    mu = sum(vals) / n
+    sd = math.sqrt(sum((v - mu) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+    return mu, sd
+
+
+def grpo_advantages(rewards, mask, group_ids, norm_by_std=True, eps=1e-6):
+    s = _row_scores(rewards, mask)
+    out = [0.0] * len(s)
+    for members in _groups(group_ids).values():
+        vals = [s[i] for i in members]
+        mu, sd = (0.0, 1.0) if len(vals) == 1 else _mean_std(vals)
+        for i in members:
+            out[i] = (s[i] - mu) / (sd + eps) if norm_by_std else s[i] - mu
+    return _broadcast_rows(out, mask)
+
+
+def rloo_advantages(rewards, mask, group_ids):
+    s = _row_scores(rewards, mask)
+    out = list(s)
+    for members in _groups(group_ids).values():
+        if len(members) > 1:
+            for i in members:
+                others = [s[j] for j in members if j != i]
+                out[i] = s[i] - sum(others) / len(others)
+    return _broadcast_rows(out, mask)
+
+
+def reinforce_pp(rewards, mask, gamma):
+    r = np.asarray(rewards, np.float64)
+    mk = np.asarray(mask) != 0
+    b, t_len = r.shape
+    ret = np.zeros((b, t_len))
+    for i in range(b):
+        carry = 0.0
+        for t in reversed(range(t_len)):
+            g = (r[i, t] if mk[i, t] else 0.0) + gamma * carry
+            ret[i, t] = g
+            carry = g if mk[i, t] else 0.0
+    adv = masked_whiten(ret, mk) * mk
+    return adv, ret
+
+
+def reinforce_pp_baseline(rewards, mask, group_ids):
+    s = _row_scores(rewards, mask)
+    centred = list(s)
+    for members in _groups(group_ids).values():
+        if len(members) > 1:
+            mu = sum(s[i] for i in members) / len(members)
+            for i in members:
+                centred[i] = s[i] - mu
+    mk = np.asarray(mask) != 0
+    x = _broadcast_rows(centred, mask)
+    return masked_whiten(x, mk) * mk
+
+
+def priority_agg_abs(x, mask, agg):
+    x = np.asarray(x, np.float64)
+    mk = np.asarray(mask) != 0
+    out = []
+    for i in range(x.shape[0]):
+        vals = [abs(x[i, t]) for t in range(x.shape[1]) if mk[i, t]]
+        out.append(0.0 if not vals else (max(vals) if agg == "max" else sum(vals) / len(vals)))
+    return np.array(out)
+
+
+def group_variance(scores, group_ids):
+    s = [float(v) for v in np.asarray(scores, np.float64)]
+    out = [0.0] * len(s)
+    for members in _groups(group_ids).values():
+        _, sd = _mean_std([s[i] for i in members])
+        for i in members:
+            out[i] = sd * sd
+    return np.array(out)
+
+
+def rollout_is_weights(log_ratio, mask, level, threshold, batch_normalize=False):
+    """Reference for rollout_correction_weights: weights and metrics (units = valid tokens / valid rows)."""
+    lr = np.asarray(log_ratio, np.float64)
+    mk = np.asarray(mask) != 0
+    b, t_len = lr.shape
+    if isinstance(threshold, str) and "_" in threshold:
+        lo, hi = (float(v) for v in threshold.split("_"))
+        band = True
+    else:
+        hi = float(threshold)
+        lo, band = 1.0 / hi, False
+    clamp = lambda v: min(max(v, -20.0), 20.0)  # noqa: E731
+    rho = np.zeros((b, t_len))
+    unit_rho, unit_log = [], []
+    rows = [i for i in range(b) if mk[i].any()]
+    for i in range(b):
+        if level == "token":
+            for t in range(t_len):
+                if mk[i, t]:
+                    rho[i, t] = math.exp(clamp(lr[i, t]))
+                    unit_rho.append(rho[i, t])
+                    unit_log.append(lr[i, t])
+        elif i in rows:
+            total = sum(lr[i, t] for t in range(t_len) if mk[i, t])
+            w = math.exp(clamp(total))
+            for t in range(t_len):
+                if mk[i, t]:
+                    rho[i, t] = w
+            unit_rho.append(w)
+            unit_log.append(total)
+    toks = [(i, t) for i in range(b) for t in range(t_len) if mk[i, t]]
+    n_tok = len(toks)
+    tok_mean = lambda f: sum(f(i, t) for i, t in toks) / (n_tok + 1e-8)  # noqa: E731
+    met = {"rollout_is_mean": tok_mean(lambda i, t: rho[i, t])}
+    if level == "token":
+        met["rollout_is_max"], met["rollout_is_min"] = max(unit_rho), min(unit_rho)
+        met["rollout_is_ratio_fraction_high"] = sum(w > hi for w in unit_rho) / len(unit_rho)
+        met["rollout_is_ratio_fraction_low"] = sum(w < lo for w in unit_rho) / len(unit_rho)
+    else:
+        met["rollout_is_max"] = math.exp(min(max(unit_log), 20.0))
+        met["rollout_is_min"] = math.exp(min(unit_log))
+        met["rollout_is_ratio_fraction_high"] = sum(v > math.log(hi) for v in unit_log) / len(unit_log)
+        met["rollout_is_ratio_fraction_low"] = sum(v < math.log(lo) for v in unit_log) / len(unit_log)
+    oob = [w > hi or (band and w < lo) for w in unit_rho]
+    met["rollout_is_oob_ratio"] = sum(oob) / len(oob)
+    wc = lambda i, t: min(max(rho[i, t], lo), hi)  # noqa: E731
+    mc = tok_mean(wc)
+    var = tok_mean(lambda i, t: wc(i, t) ** 2) - mc * mc
+    met["rollout_is_std"] = math.sqrt(max(var, 0.0)) if n_tok > 1 else 0.0
+    met["rollout_is_eff_sample_size"] = 1.0 / tok_mean(lambda i, t: (wc(i, t) / (mc + 1e-8)) ** 2)
+    q = [sum(rho[i, t] for t in range(t_len) if mk[i, t]) / (mk[i].sum() + 1e-8) for i in rows]
+    qm, qs = _mean_std(q)
+    met.update({"rollout_is_seq_mean": qm, "rollout_is_seq_std": qs, "rollout_is_seq_max": max(q),
+                "rollout_is_seq_min": min(q), "rollout_is_seq_max_deviation": max(abs(v - 1) for v in q),
+                "rollout_is_seq_fraction_high": sum(v > hi for v in q) / len(q),
+                "rollout_is_seq_fraction_low": sum(v < lo for v in q) / len(q)})
+    w = np.zeros((b, t_len))
+    for i, t in toks:
+        w[i, t] = min(rho[i, t], hi) if not band else (rho[i, t] if lo <= rho[i, t] <= hi else 0.0)
+    if batch_normalize:
+        if level == "token":
+            mean_w = sum(w[i, t] for i, t in toks) / (n_tok + 1e-8)
+        else:
+            mean_w = sum(w[i, mk[i].argmax()] for i in rows) / len(rows)
+        if mean_w > 1e-8:
+            w = w / mean_w
+        met["rollout_is_batch_norm_factor"] = mean_w if mean_w > 1e-8 else 1.0
+    return w, met
+
+
+def rejection_keep(log_ratio, mask, criteria):
+    """Reference for rejection_mask: ``criteria`` = [(name, lower or None, upper)]; returns (mask, metrics)."""
+    lr = np.asarray(log_ratio, np.float64)
+    mk = np.asarray(mask) != 0
+    b, t_len = lr.shape
+    keep_all = np.ones((b, t_len), bool)
+    met = {}
+    rows = [i for i in range(b) if mk[i].any()]
+    toks = [(i, t) for i in range(b) for t in range(t_len) if mk[i, t]]
+    for name, lower, upper in criteria:
+        kind = name[-2:]
+
+        def k(i, t):
+            x = min(max(lr[i, t], -20.0), 20.0)
+            return {"k1": -x, "k2": 0.5 * x * x, "k3": math.exp(x) - 1 - x}[kind]
+
+        def ok(v):
+            return (math.log(lower) <= v <= math.log(upper)) if lower is not None else v <= upper
+
+        keep = np.ones((b, t_len), bool)
+        stat = np.zeros((b, t_len))
+        for i in range(b):
+            vals = [k(i, t) for t in range(t_len) if mk[i, t]]
+            for t in range(t_len):
+                if name.startswith("token"):
+                    stat[i, t] = k(i, t)
+                elif name.startswith("seq_sum"):
+                    stat[i, t] = sum(vals)
+                elif name.startswith("seq_mean"):
+                    stat[i, t] = sum(vals) / (len(vals) + 1e-8)
+                else:
+                    stat[i, t] = max(vals) if vals else 0.0
+                keep[i, t] = ok(stat[i, t])
+        keep_all &= keep
+        pre = f"rollout_rs_{name}"
+        met[f"{pre}_masked_fraction"] = sum(not keep[i, t] for i, t in toks) / (len(toks) + 1e-8)
+        met[f"{pre}_seq_masked_fraction"] = sum(any(mk[i] & ~keep[i]) for i in rows) / len(rows)
+        met[f"{pre}_mean"] = sum(stat[i, t] for i, t in toks) / (len(toks) + 1e-8)
+        units = [stat[i, t] for i, t in toks] if name.startswith("token") else [stat[i, 0] for i in rows]
+        met[f"{pre}_max"], met[f"{pre}_min"] = max(units), min(units)
+    met["rollout_rs_masked_fraction"] = sum(not keep_all[i, t] for i, t in toks) / (len(toks) + 1e-8)
+    met["rollout_rs_seq_masked_fraction"] = sum(any(mk[i] & ~keep_all[i]) for i in rows) / len(rows)
+    return (mk & keep_all).astype(np.float64), met
+
+
+def offpolicy(train_logp, rollout_logp, mask):
+    tl, rl = np.asarray(train_logp, np.float64), np.asarray(rollout_logp, np.float64)
+    mk = np.asarray(mask) != 0
+    b, t_len = tl.shape
+    rows = [i for i in range(b) if mk[i].any()]
+    toks = [(i, t) for i in range(b) for t in range(t_len) if mk[i, t]]
+    tm = lambda f: sum(f(i, t) for i, t in toks) / (len(toks) + 1e-8)  # noqa: E731
+    rm = lambda f: sum(f(i) for i in rows) / len(rows)  # noqa: E731
+    a = {i: sum(tl[i, t] for t in range(t_len) if mk[i, t]) / (mk[i].sum() + 1e-8) for i in rows}
+    c = {i: sum(rl[i, t] for t in range(t_len) if mk[i, t]) / (mk[i].sum() + 1e-8) for i in rows}
+    d = {i: c[i] - a[i] for i in rows}
+    lr = lambda i, t: tl[i, t] - rl[i, t]  # noqa: E731
+    seq = {i: min(max(sum(lr(i, t) for t in range(t_len) if mk[i, t]), -20.0), 20.0) for i in rows}
+    return {
+        "kl": tm(lambda i, t: -lr(i, t)), "k3_kl": tm(lambda i, t: math.exp(lr(i, t)) - lr(i, t) - 1),
+        "training_ppl": rm(lambda i: math.exp(-a[i])), "training_log_ppl": rm(lambda i: -a[i]),
+        "rollout_ppl": rm(lambda i: math.exp(-c[i])), "rollout_log_ppl": rm(lambda i: -c[i]),
+        "log_ppl_diff": rm(lambda i: d[i]), "log_ppl_abs_diff": rm(lambda i: abs(d[i])),
+        "log_ppl_diff_max": max(d.values()), "log_ppl_diff_min": min(d.values()),
+        "ppl_ratio": rm(lambda i: math.exp(d[i])),
+        "chi2_token": tm(lambda i, t: math.exp(2 * min(max(lr(i, t), -20.0), 20.0))) - 1,
+        "chi2_seq": rm(lambda i: math.exp(2 * seq[i])) - 1,
+    }
+
+
+def _log_sigmoid(x):
+    return -math.log1p(math.exp(-x)) if x >= 0 else x - math.log1p(math.exp(x))
+
+
+def dpo(pc, pr, rc, rr, beta, loss_type, eps=0.0, nc=None, nr=None, rpo_alpha=0.0):
+    losses, ch, rj = [], [], []
+    for i in range(len(pc)):
+        uc, ur = float(pc[i]) - float(rc[i]), float(pr[i]) - float(rr[i])
+        d = uc - ur
+        if loss_type in ("ipo", "sigmoid_norm"):
+            dn = uc / max(float(nc[i]), 1.0) - ur / max(float(nr[i]), 1.0)
+        if loss_type == "sigmoid":
+            loss = -(1 - eps) * _log_sigmoid(beta * d) - eps * _log_sigmoid(-beta * d)
+        elif loss_type == "hinge":
+            loss = max(0.0, 1 - beta * d)
+        elif loss_type == "ipo":
+            loss = (dn - 1 / (2 * beta)) ** 2
+        elif loss_type == "robust":
+            loss = (-(1 - eps) * _log_sigmoid(beta * d) + eps * _log_sigmoid(-beta * d)) / (1 - 2 * eps)
+        else:
+            loss = -_log_sigmoid(beta * dn)
+        if rpo_alpha:
+            loss += rpo_alpha * (-float(pc[i]) / max(float(nc[i]), 1.0))
+        losses.append(loss)
+        ch.append(beta * uc)
+        rj.append(beta * ur)
+    n = len(pc)
+    met = {"rewards/chosen": sum(ch) / n, "rewards/rejected": sum(rj) / n,
+           "rewards/accuracies": sum(c > r for c, r in zip(ch, rj)) / n,
+           "rewards/margins": sum(c - r for c, r in zip(ch, rj)) / n,
+           "logps/chosen": sum(float(v) for v in pc) / n, "logps/rejected": sum(float(v) for v in pr) / n}
+    return np.array(losses), met
