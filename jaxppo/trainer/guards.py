@@ -3,11 +3,20 @@
 * **KL guard** — ``kl > kl_threshold`` for the first KL metric of ``kl_keys`` present in a step's
   metrics (default ``"actor/ppo_kl"``, the approximate KL of the update to the PPO "old" policy;
   pass e.g. ``kl_keys=("actor/kl_loss",)`` or ``("eval/kl",)`` to guard the KL to the reference)
-  → ``GuardAction("lower_lr", data={"lr": kl_lr, "kl": kl, "key": key})``. It fires once when the KL
-  crosses the threshold and again only after the KL has been at or below the threshold in between.
-* **Response-length guard** — ``response_length/mean > length_factor × m`` where ``m`` is the
-  running mean of all previous finite values of that metric → ``"length_warning"`` (possible mode
-  collapse). The first value never warns; every finite value joins the running mean.
+  → ``GuardAction("lower_lr", data={"factor": kl_lr_factor, "kl": kl, "key": key})`` (or
+  ``data["lr"] = kl_lr`` when an absolute ``guards.kl_lr`` is set). It fires once when the KL crosses
+  the threshold and again only after the KL has been at or below the threshold in between. The trainer
+  applies it with :func:`cut_lr_scale`: relative, ``scale' = scale · kl_lr_factor`` (the actor's LR
+  becomes ``kl_lr_factor`` × its current value; repeated excursions compound), or absolute,
+  ``scale' = min(scale, kl_lr / lr)``.
+* **Response-length guard** — ``L > length_factor × m`` where ``L`` is the mean length of the
+  *policy's own generations* (default keys ``"eval/response_length"``, the held-out evaluation
+  samples at ``trainer.eval_every``, and ``"probe/response_length"``, the greedy length probe at
+  ``guards.length_probe_every``; each key has its own running mean) and ``m`` is the running mean
+  of all previous finite values of that metric → ``"length_warning"`` (possible
+  mode collapse). ``response_length/mean`` (the length of the sampled offline minibatch, which does
+  not depend on the policy) is not watched by default. The first value never warns; every finite
+  value joins the running mean.
 * **Perplexity guard** — ``check_perplexity(step, ppl)``: the first value is the baseline ``b``;
   later ``ppl > (1 + ppl_tolerance)·b`` or a non-finite ``ppl`` → ``"rollback"`` (to the last good
   checkpoint). ``should_check_perplexity(step)`` is ``step % ppl_every == 0``.
@@ -32,7 +41,7 @@ LENGTH_WARNING = "length_warning"
 ROLLBACK = "rollback"
 
 DEFAULT_KL_KEYS = ("actor/ppo_kl",)
-DEFAULT_LENGTH_KEYS = ("response_length/mean",)
+DEFAULT_LENGTH_KEYS = ("eval/response_length", "probe/response_length")
 STATE_VERSION = 1
 
 
@@ -86,11 +95,16 @@ class Guards:
             if kl > self.cfg.kl_threshold:
                 if not self.kl_active:
                     self.kl_active = True
+                    data: dict[str, Any] = {"kl": kl, "key": key, "threshold": self.cfg.kl_threshold}
+                    if self.cfg.kl_lr is not None:
+                        data["lr"] = self.cfg.kl_lr
+                        to = f"to {self.cfg.kl_lr:g}"
+                    else:
+                        data["factor"] = self.cfg.kl_lr_factor
+                        to = f"to {self.cfg.kl_lr_factor:g} x its current value"
                     actions.append(GuardAction(
-                        LOWER_LR,
-                        f"{key}={kl:.4g} > kl_threshold={self.cfg.kl_threshold:g}: lowering the learning rate "
-                        f"to {self.cfg.kl_lr:g}",
-                        {"lr": self.cfg.kl_lr, "kl": kl, "key": key, "threshold": self.cfg.kl_threshold}))
+                        LOWER_LR, f"{key}={kl:.4g} > kl_threshold={self.cfg.kl_threshold:g}: lowering the actor "
+                        f"learning rate {to}", data))
             else:
                 self.kl_active = False
             break
@@ -192,5 +206,29 @@ class Guards:
         return g
 
 
+def cut_lr_scale(scale: float, data: Mapping[str, Any], base_lr: float) -> float:
+    """The actor's LR multiplier after a ``lower_lr`` action with ``data`` (see the module doc).
+
+    ``data["lr"]`` (absolute): ``min(scale, lr / base_lr)`` — never raises the LR; else
+    ``data["factor"]`` (relative): ``scale · factor``. ValueError for anything else.
+    """
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"cut_lr_scale: the current LR scale must be finite and > 0, got {scale}")
+    if not (math.isfinite(base_lr) and base_lr > 0):
+        raise ValueError(f"cut_lr_scale: base_lr must be finite and > 0, got {base_lr}")
+    if "lr" in data:
+        lr = float(data["lr"])
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"cut_lr_scale: lr must be finite and > 0, got {data['lr']!r}")
+        return min(scale, lr / float(base_lr))
+    if "factor" in data:
+        f = float(data["factor"])
+        if not 0 < f < 1:
+            raise ValueError(f"cut_lr_scale: factor must be in (0, 1), got {data['factor']!r}")
+        return scale * f
+    raise ValueError(f"cut_lr_scale: a lower_lr action needs 'lr' or 'factor', got keys {sorted(data)}")
+
+
 __all__ = ["DEFAULT_KL_KEYS", "DEFAULT_LENGTH_KEYS", "GuardAction", "Guards", "LENGTH_WARNING", "LOWER_LR",
-           "ROLLBACK"]
+           "ROLLBACK", "cut_lr_scale"]

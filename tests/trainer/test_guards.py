@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 from jaxppo.config import load_config
 from jaxppo.config.schema import GuardsConfig
-from jaxppo.trainer.guards import Guards, GuardAction
+from jaxppo.trainer.guards import DEFAULT_LENGTH_KEYS, GuardAction, Guards, cut_lr_scale
 
 CFG = GuardsConfig(kl_threshold=0.05, kl_lr=1e-6, length_factor=2.0, ppl_every=500, ppl_tolerance=0.2,
                    max_nan_steps=3)
@@ -36,7 +36,42 @@ def test_kl_guard_fires_once_per_excursion():
     assert fired == [[], [], [], ["lower_lr"], [], [], ["lower_lr"], []]
     a = Guards(CFG).check(0, {"actor/ppo_kl": np.float32(0.5)})[0]
     assert a.data["lr"] == 1e-6 and a.data["key"] == "actor/ppo_kl" and a.data["kl"] == pytest.approx(0.5)
-    assert "0.05" in a.message
+    assert "0.05" in a.message and "factor" not in a.data
+
+
+def test_kl_guard_default_cut_is_relative():
+    g = Guards(GuardsConfig(kl_threshold=0.05))
+    a = g.check(0, {"actor/ppo_kl": 0.5})[0]
+    assert a.kind == "lower_lr" and a.data["factor"] == 0.1 and "lr" not in a.data
+    assert "0.1 x its current value" in a.message
+    # with the shipped defaults (actor.optim.lr == 1e-6) the cut really lowers the LR
+    cfg = load_config(None, [])
+    assert cfg.guards.kl_lr is None and cfg.actor.optim.lr == 1e-6
+    assert cut_lr_scale(1.0, a.data, cfg.actor.optim.lr) == pytest.approx(0.1)
+
+
+def test_cut_lr_scale_hand_cases_and_errors():
+    assert cut_lr_scale(1.0, {"factor": 0.1}, 5e-4) == pytest.approx(0.1)
+    assert cut_lr_scale(0.1, {"factor": 0.1}, 5e-4) == pytest.approx(0.01)       # a second excursion compounds
+    assert cut_lr_scale(1.0, {"lr": 1e-7}, 5e-4) == pytest.approx(2e-4)          # absolute: 1e-7 / 5e-4
+    assert cut_lr_scale(1e-4, {"lr": 1e-7}, 5e-4) == pytest.approx(1e-4)         # never raises the LR
+    assert cut_lr_scale(1.0, {"lr": 1e-6}, 1e-6) == 1.0                          # the old no-op, only if asked
+    with pytest.raises(ValueError, match="'lr' or 'factor'"):
+        cut_lr_scale(1.0, {"kl": 1.0}, 1e-6)
+    with pytest.raises(ValueError, match="factor"):
+        cut_lr_scale(1.0, {"factor": 1.5}, 1e-6)
+    with pytest.raises(ValueError, match="base_lr"):
+        cut_lr_scale(1.0, {"factor": 0.1}, 0.0)
+    with pytest.raises(ValueError, match="scale"):
+        cut_lr_scale(math.nan, {"factor": 0.1}, 1e-6)
+
+
+@given(st.floats(1e-6, 1.0), st.floats(1e-3, 0.999), st.floats(1e-9, 1e-2), st.floats(1e-9, 1e-2))
+def test_cut_lr_scale_properties(scale, factor, lr, base_lr):
+    rel = cut_lr_scale(scale, {"factor": factor}, base_lr)
+    assert rel < scale and rel == pytest.approx(scale * factor)
+    ab = cut_lr_scale(scale, {"lr": lr}, base_lr)
+    assert ab <= scale and ab == pytest.approx(min(scale, lr / base_lr))
 
 
 def test_kl_guard_ignores_missing_and_nonfinite_and_other_keys():
@@ -51,7 +86,7 @@ def test_kl_guard_ignores_missing_and_nonfinite_and_other_keys():
 
 def test_length_guard_against_running_mean():
     g = Guards(CFG)
-    k = "response_length/mean"
+    k = "eval/response_length"
     assert g.check(0, {k: 10.0}) == []  # first value: nothing to compare with
     assert g.check(1, {k: 20.0}) == []  # 20 is not > 2 x 10
     assert g.check(2, {k: 30.0}) == []  # mean(10, 20) = 15, 30 not > 30
@@ -61,6 +96,19 @@ def test_length_guard_against_running_mean():
     assert g.check(4, {k: math.nan}) == []  # non-finite values are skipped, not averaged
     # running mean now (10+20+30+40.1)/4 = 25.025
     assert g.check(5, {k: 50.0}) == [] and kinds(g.check(6, {k: 62.0})) == ["length_warning"]
+
+
+def test_length_guard_watches_the_policy_not_the_data():
+    """The sampled offline minibatch's length does not depend on the policy: it never warns by default."""
+    assert "response_length/mean" not in DEFAULT_LENGTH_KEYS
+    g = Guards(CFG)
+    assert all(g.check(i, {"response_length/mean": v}) == [] for i, v in enumerate([5.0, 10.0, 40.0, 160.0]))
+    # the policy's own generations doubling in length does (each key keeps its own running mean)
+    for key in ("eval/response_length", "probe/response_length"):
+        assert g.check(10, {key: 8.0}) == [] and g.check(11, {key: 8.0}) == []
+        acts = g.check(12, {key: 16.5})
+        assert kinds(acts) == ["length_warning"] and acts[0].data["key"] == key
+        assert acts[0].data["running_mean"] == pytest.approx(8.0)
 
 
 def test_perplexity_guard_baseline_and_rollback():
@@ -109,7 +157,7 @@ def _drive(g: Guards, events):
 event_st = st.one_of(
     st.tuples(st.just("m"), st.fixed_dictionaries({
         "actor/ppo_kl": st.floats(0, 0.1, allow_nan=False),
-        "response_length/mean": st.floats(1, 100, allow_nan=False)})),
+        "eval/response_length": st.floats(1, 100, allow_nan=False)})),
     st.tuples(st.just("ppl"), st.floats(5, 15, allow_nan=False)),
     st.tuples(st.just("nan"), st.none()),
     st.tuples(st.just("ok"), st.none()),
