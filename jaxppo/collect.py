@@ -28,13 +28,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import Config, to_dict
-from jaxppo.data.report import DataError, DataReport
+from jaxppo.data.conversation import Text, apply_chat_template_file, check_prompt, parse_messages, to_json
+from jaxppo.data.report import DataError, DataReport, RowSkip
 from jaxppo.data.tokenize import encode_prompts, fit_prompt, left_pad, pad_id_of
 
 
-def read_prompts(path: str | None, max_prompts: int | None = None) -> list[str]:
+def read_prompts(path: str | None, max_prompts: int | None = None) -> list[Text]:
     """Prompts of a text file (one a line; blank lines and lines starting with ``#`` ignored) or of a
-    JSON-lines file (``.jsonl``: objects with a ``prompt`` string)."""
+    JSON-lines file (``.jsonl``: objects with a ``prompt`` string, or a ``prompt`` list of chat messages
+    ``{"role", "content"}`` ending with a user turn, rendered by the chat template; one kind per file)."""
     if not path:
         raise DataError("rollout.prompts is not set: give a prompt file (one prompt a line, or jsonl with 'prompt')")
     p = Path(path)
@@ -54,9 +56,18 @@ def read_prompts(path: str | None, max_prompts: int | None = None) -> list[str]:
                 item = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{p} line {lineno}: not valid JSON ({e})") from None
+            if isinstance(item, dict) and isinstance(item.get("prompt"), list):
+                try:
+                    prompts.append(check_prompt(parse_messages(item["prompt"], "prompt")))
+                except RowSkip as e:
+                    raise DataError(f"{p} line {lineno}: {e.message} ({e.reason})") from None
+                continue
             if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
-                raise DataError(f"{p} line {lineno}: expected an object with a non-empty 'prompt' string")
+                raise DataError(f"{p} line {lineno}: expected an object with a non-empty 'prompt' string "
+                                "or a list of chat messages")
             prompts.append(item["prompt"])
+        if len({isinstance(x, str) for x in prompts}) > 1:
+            raise DataError(f"{p} mixes plain-text prompts and chat-message prompts; use one kind per file")
     else:
         prompts = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     if max_prompts is not None:
@@ -130,7 +141,7 @@ def collect(cfg: Config, *, progress: bool = True) -> dict:
     out_dir = Path(cfg.trainer.output_dir)
     prompts = read_prompts(ro.prompts, ro.max_prompts)
     model_path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+    tokenizer = apply_chat_template_file(load_tokenizer(tokenizer_path(cfg.model)), dc.chat_template_file)
     reward_fn = reward_fn_from_config(cfg.reward)  # fail early on a bad reward config
 
     report = DataReport(source=str(ro.prompts), rows_seen=len(prompts))
@@ -173,7 +184,7 @@ def collect(cfg: Config, *, progress: bool = True) -> dict:
                          f"for {len(samples)} responses")
 
     columns = {
-        "prompt": row_prompts,
+        "prompt": [to_json(x) for x in row_prompts],
         "response": texts,
         "prompt_ids": [fitted[s["prompt_index"]] for s in samples],
         "response_ids": [s["response_ids"].tolist() for s in samples],
