@@ -1,0 +1,99 @@
+"""``python -m jaxppo.sweep SWEEP.yaml [--profile NAME] [--jobs N] [--print-commands] [--results-only]``.
+
+Seeds x variants of one base config (the sweep file format is in :mod:`jaxppo.sweeps.spec`). Every run is
+an ordinary ``python -m jaxppo.train`` (or ``jaxppo.dpo``) run in ``<output_dir>/runs/<variant>/seed<k>``;
+rerunning the same command resumes the sweep: finished runs are skipped, a killed run continues from its
+checkpoint, failed runs are retried. The whole sweep file is validated (every run's config loaded) before
+any run starts.
+
+Outputs in ``output_dir``: ``results.csv`` (variant, seed, step, samples, tokens, reward, kl, wall_time_s,
+status, error), ``summary.csv`` (per variant: final reward mean and 95% t-interval, AUC, samples to reach
+the baseline's final reward, data-efficiency ratio with a bootstrap interval; see
+:mod:`jaxppo.sweeps.results`), ``failures.json``, ``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
+
+Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others),
+2 for an invalid sweep file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from jaxppo.sweeps.spec import SweepError, load_sweep, plan_runs
+
+    prog = "python -m jaxppo.sweep"
+    ap = argparse.ArgumentParser(prog=prog, description="Multi-seed sweeps of jaxppo runs with data-efficiency "
+                                 "curves (resumable).")
+    ap.add_argument("sweep", help="sweep file (YAML), e.g. configs/sweeps/per_alpha.yaml")
+    ap.add_argument("--profile", default=None, help="merge profiles.<NAME> of the sweep file (e.g. ci)")
+    ap.add_argument("--jobs", "-j", type=int, default=1, help="runs in parallel (default 1)")
+    ap.add_argument("--output-dir", default=None, help="override the sweep file's output_dir")
+    ap.add_argument("--print-commands", action="store_true",
+                    help="print one shell command per run (for a cluster job array) and exit")
+    ap.add_argument("--pending", action="store_true", help="with --print-commands: only runs without summary.json")
+    ap.add_argument("--results-only", action="store_true", help="only (re)write the tables and plots")
+    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            spec = load_sweep(args.sweep, profile=args.profile, output_dir=args.output_dir)
+        for w in caught:
+            print(f"{prog}: warning: {w.message}", file=sys.stderr)
+        runs = plan_runs(spec)
+    except SweepError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+
+    from jaxppo.sweeps.runner import command_line, is_done, read_failures, run_sweep
+
+    if args.print_commands:
+        for r in runs:
+            if not (args.pending and is_done(r)):
+                print(command_line(spec, r))
+        return 0
+    if not args.results_only:
+        try:
+            run_sweep(spec, runs, jobs=args.jobs)
+        except SweepError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+    from pathlib import Path
+
+    from jaxppo.sweeps.plots import plot_sweep
+    from jaxppo.sweeps.results import write_results
+
+    failures = {k: v for k, v in read_failures(spec.output_dir).items() if k in {r.key for r in runs}}
+    curves, summary = write_results(spec, runs, failures)
+    plot_sweep(curves, list(spec.variants), Path(spec.output_dir) / "plots", title=spec.name)
+    _print_summary(summary)
+    out = Path(spec.output_dir)
+    print(f"results: {out / 'results.csv'}, {out / 'summary.csv'}, plots in {out / 'plots'}")
+    bad = [c for c in curves if c.status != "ok"]
+    for c in bad:
+        print(f"{c.status.upper()}: {c.variant}/seed{c.seed}: {c.error}", file=sys.stderr)
+    if bad:
+        print(f"{len(bad)} of {len(curves)} runs did not finish; rerun the same command to retry them "
+              f"(details in {out / 'failures.json'})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_summary(rows) -> None:
+    def f(x, nd=3):
+        return "nan" if x != x else f"{x:.{nd}f}"
+
+    print(f"{'variant':<24} {'n':>3} {'final reward [95% CI]':>28} {'AUC':>7} {'efficiency [95% CI]':>26}")
+    for r in rows:
+        print(f"{r['variant']:<24} {r['n_seeds']:>3} "
+              f"{f(r['final_reward_mean']):>8} [{f(r['final_reward_ci95_lo'])}, {f(r['final_reward_ci95_hi'])}] "
+              f"{f(r['auc_mean']):>7} {f(r['efficiency_ratio'], 2):>6} "
+              f"[{f(r['efficiency_ratio_ci95_lo'], 2)}, {f(r['efficiency_ratio_ci95_hi'], 2)}]")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""Run a sweep's runs as subprocesses, resumably.
+
+- A run is **done** when its ``summary.json`` exists; done runs are skipped. Any other run is started as
+  ``python -m jaxppo.<command> --config BASE ... trainer.output_dir=<dir> trainer.resume=auto``, so a run
+  that was killed (with the sweep, by SIGKILL of its process group) continues from its newest checkpoint.
+- Runs stay in the sweep's process group: killing the group stops everything, and the next invocation
+  finishes the same table.
+- Each run's stdout/stderr are appended to ``<run>/sweep_stdout.log`` / ``sweep_stderr.log``. A run that
+  exits non-zero does not stop the sweep: it is recorded in ``<sweep>/failures.json`` (return code, the
+  tail of its stderr, the command) and retried on the next invocation; a success removes its entry.
+- ``JAX_COMPILATION_CACHE_DIR`` is set to ``<sweep>/xla_cache`` unless the environment already sets one,
+  so runs of the same shapes compile once.
+- Before a run starts, a ``config.json`` that an earlier attempt left in its folder must match the run's
+  config; otherwise the sweep stops with an error (a changed sweep file must not silently mix runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec
+
+FAILURES_FILE = "failures.json"
+STDOUT_LOG = "sweep_stdout.log"
+STDERR_LOG = "sweep_stderr.log"
+TAIL_CHARS = 4000
+
+
+def is_done(run: RunSpec) -> bool:
+    return (run.out_dir / "summary.json").is_file()
+
+
+def run_env(spec: SweepSpec, base_env: dict | None = None) -> dict:
+    """The environment of a run: ``base_env`` (default ``os.environ``) with a shared XLA compilation cache."""
+    env = dict(os.environ if base_env is None else base_env)
+    if not env.get("JAX_COMPILATION_CACHE_DIR"):
+        env["JAX_COMPILATION_CACHE_DIR"] = str((Path(spec.output_dir) / "xla_cache").resolve())
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    return env
+
+
+def command_line(spec: SweepSpec, run: RunSpec) -> str:
+    """One shell line for ``run`` (for a cluster job array): the cache variable, then the command."""
+    cache = str((Path(spec.output_dir) / "xla_cache").resolve())
+    return f"JAX_COMPILATION_CACHE_DIR={shlex.quote(cache)} " + shlex.join(run.argv("python"))
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(x))
+
+
+def check_not_stale(runs: Sequence[RunSpec]) -> None:
+    """SweepError when a run folder's ``config.json`` (written by the trainer) differs from the planned config."""
+    for run in runs:
+        f = run.out_dir / "config.json"
+        if not f.is_file() or not run.config:
+            continue
+        try:
+            old = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue  # a half-written file of a killed run: the trainer rewrites it
+        if old != _jsonable(run.config):
+            diff = sorted(_diff_keys(old, _jsonable(run.config)))
+            raise SweepError(f"run {run.key}: {f} was written with a different config (keys {', '.join(diff[:8])}); "
+                             "the sweep file changed since: delete that run folder or use another output_dir")
+
+
+def _diff_keys(a, b, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def read_failures(out_dir: str | Path) -> dict[str, dict]:
+    f = Path(out_dir) / FAILURES_FILE
+    if not f.is_file():
+        return {}
+    return json.loads(f.read_text(encoding="utf-8"))
+
+
+def _write_failures(out_dir: Path, failures: dict[str, dict]) -> None:
+    tmp = out_dir / (FAILURES_FILE + ".tmp")
+    tmp.write_text(json.dumps(failures, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, out_dir / FAILURES_FILE)
+
+
+def _tail(path: Path, n: int = TAIL_CHARS) -> str:
+    if not path.is_file():
+        return ""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - n))
+        return fh.read().decode("utf-8", errors="replace")
+
+
+def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python: str = sys.executable,
+              env: dict | None = None, cwd: str | Path | None = None,
+              argv_for: Callable[[RunSpec], list[str]] | None = None,
+              log: Callable[[str], None] = print) -> dict[str, dict]:
+    """Run every run that is not done, at most ``jobs`` at a time; returns the failures of this invocation.
+
+    ``argv_for(run)`` (default ``run.argv(python)``) builds each command. With ``jobs > 1``, a first run
+    whose config collects its dataset (``data.collect_if_missing`` and ``data.path`` missing) runs alone
+    first, so parallel runs do not collect the same file at once.
+    """
+    if jobs < 1:
+        raise SweepError(f"--jobs must be >= 1, got {jobs}")
+    out = Path(spec.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    argv_for = argv_for or (lambda r: r.argv(python))
+    env = run_env(spec, env)
+    check_not_stale(runs)
+    pending = [r for r in runs if not is_done(r)]
+    done = len(runs) - len(pending)
+    log(f"sweep {spec.name}: {len(runs)} runs, {done} done, {len(pending)} to run ({out})")
+    failures = read_failures(out)
+    new_failures: dict[str, dict] = {}
+
+    def start(run: RunSpec) -> tuple[RunSpec, subprocess.Popen, float]:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        fo = open(run.out_dir / STDOUT_LOG, "ab")
+        fe = open(run.out_dir / STDERR_LOG, "ab")
+        stamp = f"\n=== sweep attempt {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode()
+        fo.write(stamp)
+        fe.write(stamp)
+        fo.flush()
+        fe.flush()
+        try:
+            proc = subprocess.Popen(argv_for(run), cwd=cwd, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+        finally:
+            fo.close()
+            fe.close()
+        log(f"  start {run.key}")
+        return run, proc, time.monotonic()
+
+    def finish(run: RunSpec, rc: int, t0: float) -> None:
+        dt = time.monotonic() - t0
+        if rc == 0 and is_done(run):
+            failures.pop(run.key, None)
+            log(f"  done  {run.key} ({dt:.0f} s)")
+        else:
+            why = f"exit status {rc}" if rc != 0 else "exited 0 without writing summary.json"
+            rec = {"variant": run.variant, "seed": run.seed, "returncode": rc, "error": why,
+                   "stderr_tail": _tail(run.out_dir / STDERR_LOG), "command": shlex.join(argv_for(run)),
+                   "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            failures[run.key] = new_failures[run.key] = rec
+            log(f"  FAILED {run.key}: {why} (see {run.out_dir / STDERR_LOG})")
+        _write_failures(out, failures)
+
+    queue = list(pending)
+    active: list[tuple[RunSpec, subprocess.Popen, float]] = []
+    try:
+        if jobs > 1 and queue and _collects(queue[0]):
+            r, p, t0 = start(queue.pop(0))
+            finish(r, p.wait(), t0)
+        while queue or active:
+            while queue and len(active) < jobs:
+                active.append(start(queue.pop(0)))
+            if jobs == 1:
+                r, p, t0 = active.pop()
+                finish(r, p.wait(), t0)
+                continue
+            time.sleep(0.2)
+            still = []
+            for r, p, t0 in active:
+                rc = p.poll()
+                if rc is None:
+                    still.append((r, p, t0))
+                else:
+                    finish(r, rc, t0)
+            active = still
+    finally:
+        for _, p, _ in active:  # interrupted (KeyboardInterrupt/SIGTERM): stop the children, they resume later
+            if p.poll() is None:
+                p.terminate()
+        for _, p, _ in active:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return new_failures
+
+
+def _collects(run: RunSpec) -> bool:
+    data = run.config.get("data", {}) if run.config else {}
+    return bool(data.get("collect_if_missing")) and bool(data.get("path")) and not Path(data["path"]).exists()
