@@ -126,6 +126,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
     log(f"sweep {spec.name}: {len(runs)} runs, {done} done, {len(pending)} to run ({out})")
     failures = read_failures(out)
     new_failures: dict[str, dict] = {}
+    commands: dict[str, list[str]] = {}
 
     def start(run: RunSpec) -> tuple[RunSpec, subprocess.Popen, float]:
         run.out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +138,8 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
         fo.flush()
         fe.flush()
         try:
-            proc = subprocess.Popen(argv_for(run), cwd=cwd, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+            commands[run.key] = argv_for(run)
+            proc = subprocess.Popen(commands[run.key], cwd=cwd, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
         finally:
             fo.close()
             fe.close()
@@ -152,7 +154,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
         else:
             why = f"exit status {rc}" if rc != 0 else "exited 0 without writing summary.json"
             rec = {"variant": run.variant, "seed": run.seed, "returncode": rc, "error": why,
-                   "stderr_tail": _tail(run.out_dir / STDERR_LOG), "command": shlex.join(argv_for(run)),
+                   "stderr_tail": _tail(run.out_dir / STDERR_LOG), "command": shlex.join(commands[run.key]),
                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}
             failures[run.key] = new_failures[run.key] = rec
             log(f"  FAILED {run.key}: {why} (see {run.out_dir / STDERR_LOG})")
