@@ -132,3 +132,53 @@ def test_bad_input():
     with pytest.raises(ValueError, match="resampling weights"):
         replay.resample_indices(jax.random.key(0), jnp.zeros(3))
     assert pf_ppo.BATCH_METHODS == ("pow", "max_min", "max_random")
+
+
+def dapo_reference(scores, groups, mask=None, atol=1e-6):
+    """DAPO's keep rule per group of real responses: keep if max - min > atol or the group has one response."""
+    keep = np.zeros(len(scores), np.float32)
+    dropped = 0
+    for g in sorted(set(groups)):
+        rows = [i for i, gi in enumerate(groups) if gi == g and (mask is None or mask[i])]
+        if not rows:
+            continue
+        vals = [scores[i] for i in rows]
+        if len(rows) == 1 or max(vals) - min(vals) > atol:
+            keep[rows] = 1
+        else:
+            dropped += 1
+    return keep, dropped
+
+
+class DynamicSamplingTest(parameterized.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_hand(self):
+        # group 3 (all 2.0) is dropped ; group 2 has one response: kept (verl: std > 0 or len == 1)
+        f = self.variant(replay.pf_ppo.dynamic_sampling_weights, static_argnames="num_groups")
+        w, n = f(jnp.array(SCORES), jnp.array(GROUPS), num_groups=4)
+        np.testing.assert_array_equal(w, [1, 1, 1, 1, 1, 1, 1, 0, 0, 0])
+        assert int(n) == 1
+        # masking the 3.0 of group 0 leaves (1, 2): kept ; masking row 5 leaves group 1 as (5, 5): dropped
+        mask = jnp.array([1, 0, 1, 1, 1, 0, 1, 1, 1, 1])
+        w, n = f(jnp.array(SCORES), jnp.array(GROUPS), num_groups=4, mask=mask)
+        np.testing.assert_array_equal(w, [1, 0, 1, 0, 0, 0, 1, 0, 0, 0])
+        assert int(n) == 2
+
+    @given(scores=st_.lists(st_.sampled_from([0.0, 1.0, 2.5]), min_size=8, max_size=8),
+           groups=st_.lists(st_.integers(0, 3), min_size=8, max_size=8),
+           mask=st_.lists(st_.booleans(), min_size=8, max_size=8))
+    def test_matches_reference(self, scores, groups, mask):
+        f = jax.jit(pf_ppo.dynamic_sampling_weights, static_argnames="num_groups")
+        w, n = f(jnp.array(scores), jnp.array(groups), num_groups=4, mask=jnp.array(mask, jnp.float32))
+        want, dropped = dapo_reference(scores, groups, mask)
+        np.testing.assert_array_equal(w, want)
+        assert int(n) == dropped
+
+    def test_tolerance_and_errors(self):
+        w, _ = pf_ppo.dynamic_sampling_weights(jnp.array([1.0, 1.0 + 1e-7, 2.0, 2.5]), jnp.array([0, 0, 1, 1]), 2)
+        np.testing.assert_array_equal(w, [0, 0, 1, 1])
+        with pytest.raises(ValueError, match="group_ids must lie in"):
+            pf_ppo.dynamic_sampling_weights(jnp.array([1.0, 2.0]), jnp.array([0, 5]), 2)
+        with pytest.raises(ValueError, match="atol must be >= 0"):
+            pf_ppo.dynamic_sampling_weights(jnp.array([1.0, 2.0]), jnp.array([0, 1]), 2, atol=-1.0)
