@@ -243,3 +243,180 @@ def test_module_runs_as_a_script_and_reports_usage():
     assert r.returncode == 0 and "train" in r.stdout and "score" in r.stdout
     r = subprocess.run([sys.executable, "-m", "jaxppo.reward"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "required: command" in r.stderr
+
+
+# ----------------------------------------------------------------------------- preference pairs -> scored dataset
+
+_CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+           "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _hh_messages(text: str) -> list[dict]:
+    import re
+
+    parts = re.split(r"\n\n(Human|Assistant):", text)
+    return [{"role": "user" if r == "Human" else "assistant", "content": c.strip()}
+            for r, c in zip(parts[1::2], parts[2::2])]
+
+
+@pytest.fixture(scope="module")
+def hh(shared_dir, tmp_path_factory):
+    """The first 40 real HH-RLHF pairs as a string file and as a conversational (explicit prompt) file,
+    a ChatML template file and a base config (stories260K)."""
+    import gzip
+
+    root = tmp_path_factory.mktemp("hh")
+    with gzip.open(shared_dir / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz", "rt", encoding="utf-8") as fh:
+        rows = [json.loads(next(fh)) for _ in range(40)]
+    (root / "hh.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    conv = []
+    for r in rows:
+        c, j = _hh_messages(r["chosen"]), _hh_messages(r["rejected"])
+        conv.append({"prompt": c[:-1], "chosen": c[-1:], "rejected": j[-1:]})
+    (root / "hh_conv.jsonl").write_text("".join(json.dumps(r) + "\n" for r in conv), encoding="utf-8")
+    (root / "chatml.jinja").write_text(_CHATML, encoding="utf-8")
+    cfg = root / "cfg.yaml"
+    cfg.write_text(
+        f"model: {{path: {shared_dir / 'models' / 'stories260K'}}}\n"
+        f"data: {{path: {root / 'hh.jsonl'}, schema: preference, max_prompt_length: 96, max_response_length: 32,"
+        f" eval_fraction: 0.25, seed: 0}}\n"
+        "reward: {lr: 0.005, epochs: 1, batch_size: 8, eval_batch_size: 16}\n"
+        "trainer: {seed: 0, progress: false}\n", encoding="utf-8")
+    return root, cfg, rows
+
+
+def _read_jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _torch_logprobs(path, prompt, response):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([prompt + response])).logits[0].float(), dim=-1)
+    return np.array([logp[len(prompt) + t - 1, tok].item() for t, tok in enumerate(response)])
+
+
+def test_to_scored_label_mode_on_hh_pairs_then_reference_logprobs(hh, shared_dir, tmp_path, capsys):
+    from jaxppo.config.schema import DataConfig
+    from jaxppo.data import load_scored_arrays
+    from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.reward import main
+
+    root, cfg, rows = hh
+    out = tmp_path / "label"
+    assert main(["to-scored", "--config", str(cfg), f"trainer.output_dir={out}"]) == 0
+    assert "label scores (chosen 1, rejected 0" in capsys.readouterr().out
+    m = json.loads((out / "to_scored_metrics.json").read_text())
+    assert m["score_source"] == "label" and m["n_pairs"] == 40 and m["n_rows"] == 80
+    recs = _read_jsonl(out / "scored.jsonl")
+    assert len(recs) == 80 and not any("behaviour_logprobs" in r for r in recs)
+    for k, r in enumerate(rows):  # chosen row then rejected row: prompt + response is the original dialogue
+        c, j = recs[2 * k], recs[2 * k + 1]
+        assert (c["score"], c["label"], j["score"], j["label"]) == (1.0, True, 0.0, False)
+        assert c["group_id"] == j["group_id"] == c["pair_index"] == k
+        assert c["prompt"] + c["response"] == r["chosen"] and j["prompt"] + j["response"] == r["rejected"]
+
+    model_dir = shared_dir / "models" / "stories260K"
+    tok = load_tokenizer(model_dir)
+    dc = DataConfig(path=str(out / "scored.jsonl"), schema="scored", max_prompt_length=96, max_response_length=32,
+                    cache_dir=str(tmp_path / "cache"))
+    arrays, report = load_scored_arrays(dc, tok, reference_path=str(model_dir), reference=load_pretrained(model_dir))
+    assert len(arrays["index"]) == 80 and not arrays["has_behaviour"].any()
+    assert report.notes["behaviour_logprobs_computed"] == 80
+    gid = arrays["group_id"]
+    assert (np.bincount(gid) == 2).all() and (gid[0::2] == gid[1::2]).all()  # each pair is one group of two
+    assert arrays["score"].tolist() == [1.0, 0.0] * 40
+    lp, mask = arrays["behaviour_logprobs"], arrays["response_mask"].astype(bool)
+    assert (lp[mask] < 0).all() and (lp[~mask] == 0).all()
+    # the filled log-probs are the reference's: transformers' own Llama on row 3 (no padding)
+    p = arrays["prompt_ids"][3][arrays["prompt_mask"][3] == 1].tolist()
+    y = arrays["response_ids"][3][mask[3]].tolist()
+    np.testing.assert_allclose(lp[3][mask[3]], _torch_logprobs(model_dir, p, y), atol=2e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def conv_rm(hh, tmp_path_factory):
+    """A reward model trained for a few steps on the conversational HH pairs (ChatML file on stories260K)."""
+    from jaxppo.rewards.model_training import train_reward_model
+
+    root, cfg, _ = hh
+    out = tmp_path_factory.mktemp("conv_rm")
+    c = load_config(str(cfg), [f"data.path={root / 'hh_conv.jsonl'}", f"data.chat_template_file={root / 'chatml.jinja'}"])
+    result = train_reward_model(c, out_dir=out)
+    return out, result
+
+
+def test_reward_model_trains_on_conversational_pairs_and_keeps_the_template(conv_rm, hh):
+    from transformers import AutoTokenizer
+
+    out, result = conv_rm
+    m = result.metrics
+    assert m["n_pairs"] == 40 and m["data/rows_skipped"] == 0 and m["steps"] == 4  # 30 train pairs / batch 8
+    assert np.isfinite(m["train/loss"])
+    assert AutoTokenizer.from_pretrained(str(out)).chat_template == _CHATML  # the folder renders like training
+
+
+def test_to_scored_with_a_reward_model_on_conversational_pairs(conv_rm, hh, shared_dir, tmp_path, capsys):
+    from jaxppo.config.schema import DataConfig
+    from jaxppo.data import load_scored_arrays
+    from jaxppo.data.tokenize import fit_prompt, fit_response, left_pad, right_pad
+    from jaxppo.reward import main
+    from jaxppo.rewards.model_io import score_arrays
+
+    rm_dir, result = conv_rm
+    root, cfg, rows = hh
+    out = tmp_path / "rm"
+    assert main(["to-scored", "--config", str(cfg), f"data.path={root / 'hh_conv.jsonl'}",
+                 f"reward.model_path={rm_dir}", f"trainer.output_dir={out}"]) == 0
+    assert "reward-model scores" in capsys.readouterr().out
+    recs = _read_jsonl(out / "scored.jsonl")
+    m = json.loads((out / "to_scored_metrics.json").read_text())
+    assert m["score_source"] == "reward_model" and len(recs) == 80
+    assert recs[0]["prompt"][-1]["role"] == "user" and recs[0]["response"][0]["role"] == "assistant"  # kept as messages
+    # independent scores: ChatML text built from the raw HH strings, tokenized and scored directly
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(rm_dir))
+    p_ids, r_ids = [], []
+    for r in rows[:6]:
+        for text in (r["chosen"], r["rejected"]):
+            msgs = _hh_messages(text)
+            p = "".join(f"<|im_start|>{x['role']}\n{x['content']}<|im_end|>\n" for x in msgs[:-1])
+            p_ids.append(fit_prompt(tok([p + "<|im_start|>assistant\n"], add_special_tokens=False)["input_ids"][0],
+                                    96, "left")[0])
+            resp = f"{msgs[-1]['content']}<|im_end|>\n"
+            r_ids.append(fit_response(tok([resp], add_special_tokens=False)["input_ids"][0], 32, "left")[0])
+    pi, pm = left_pad(p_ids, 96, 0)
+    ri, rm = right_pad(r_ids, 32, 0)
+    want = score_arrays(result.model, np.concatenate([pi, ri], 1), np.concatenate([pm, rm], 1))
+    np.testing.assert_allclose([x["score"] for x in recs[:12]], want, rtol=1e-5, atol=1e-5)
+    assert m["accuracy"] == pytest.approx(np.mean([recs[2 * k]["score"] > recs[2 * k + 1]["score"] for k in range(40)]))
+
+    # the scored file trains: rendered by the policy's tokenizer (+ the template file), log-probs from the reference
+    from jaxppo.hf import load_pretrained, load_tokenizer
+
+    model_dir = shared_dir / "models" / "stories260K"
+    dc = DataConfig(path=str(out / "scored.jsonl"), schema="scored", max_prompt_length=96, max_response_length=32,
+                    chat_template_file=str(root / "chatml.jinja"), cache_dir=str(tmp_path / "cache"))
+    arrays, report = load_scored_arrays(dc, load_tokenizer(model_dir), reference_path=str(model_dir),
+                                        reference=load_pretrained(model_dir))
+    assert len(arrays["index"]) == 80 and report.notes["behaviour_logprobs_computed"] == 80
+    assert (np.bincount(arrays["group_id"]) == 2).all()
+    np.testing.assert_allclose(arrays["score"], [x["score"] for x in recs], rtol=1e-6)
+    assert (arrays["behaviour_logprobs"][arrays["response_mask"] == 1] < 0).all()
+
+    # score on the conversational pairs gives the same accuracy
+    assert main(["score", "--config", str(cfg), f"data.path={root / 'hh_conv.jsonl'}", f"reward.model_path={rm_dir}",
+                 f"trainer.output_dir={tmp_path / 's'}"]) == 0
+    assert json.loads((tmp_path / "s" / "score_metrics.json").read_text())["accuracy"] == pytest.approx(m["accuracy"])
+
+
+def test_to_scored_needs_preference_data(hh, tmp_path, capsys):
+    from jaxppo.reward import main
+
+    _, cfg, _ = hh
+    assert main(["to-scored", "--config", str(cfg), "data.schema=scored", f"trainer.output_dir={tmp_path}"]) == 2
+    assert "to-scored reads preference pairs: set data.schema=preference" in capsys.readouterr().err
