@@ -82,7 +82,7 @@ def dpo_loss(chosen_logp: jax.Array, rejected_logp: jax.Array, ref_chosen_logp: 
     if loss_type in _NEEDS_LENGTHS and (chosen_length is None or rejected_length is None):
         raise ValueError(f"loss_type={loss_type!r} normalises by response length: pass chosen_length and "
                          "rejected_length (token counts [P])")
-    if rpo_alpha is not None and not isinstance(rpo_alpha, jax.core.Tracer) and float(rpo_alpha) > 0 \
+    if not isinstance(rpo_alpha, jax.core.Tracer) and float(rpo_alpha) > 0 \
             and chosen_length is None:
         raise ValueError("rpo_alpha > 0 needs chosen_length (the RPO NLL is per token of the chosen response)")
 

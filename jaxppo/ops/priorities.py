@@ -1,4 +1,4 @@
-"""Per-sequence replay priorities ``[B]`` (before the ``+ eps`` and ``^alpha`` of the sampler), with or without a critic.
+"""Per-sequence replay priorities ``[B]`` (before the sampler's ``+ eps`` and ``^alpha``), with or without a critic.
 
 ``mask`` is ``[B, T]``, 1 on response tokens; ``n_b = sum_t m_bt``. An empty row has priority 0.
 

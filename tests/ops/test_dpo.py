@@ -7,7 +7,6 @@ import functools
 import chex
 import hypothesis.extra.numpy as hnp
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given

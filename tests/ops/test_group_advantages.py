@@ -6,7 +6,6 @@ import functools
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
