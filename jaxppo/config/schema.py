@@ -120,6 +120,15 @@ class ImportanceConfig:
 
 
 @dataclass(frozen=True)
+class ReplayDecayConfig:
+    """Staleness decay of sampling priorities (jaxppo/replay/staleness.py): p_i = b_i * rate^n_i ("sampled",
+    n_i = draws since the item's refresh) or b_i * rate^age_i ("age", steps since its refresh)."""
+
+    kind: Literal["none", "sampled", "age"] = "none"
+    rate: float = field(1.0, gt=0.0, le=1.0)
+
+
+@dataclass(frozen=True)
 class ReplayConfig:
     sampling: Literal["prioritized", "uniform"] = "prioritized"
     prioritization: Literal["proportional", "rank"] = "proportional"
@@ -129,6 +138,7 @@ class ReplayConfig:
     beta_steps: int | None = field(None, ge=1)  # defaults to trainer.total_steps
     eps: float = field(1e-6, gt=0.0)
     refresh_every: int = field(100, ge=1)
+    decay: ReplayDecayConfig = field(default_factory=ReplayDecayConfig)  # priority staleness decay
 
 
 @dataclass(frozen=True)
@@ -236,7 +246,13 @@ class TrainerConfig:
     eval_prompts: int = field(64, ge=1)
     eval_samples: int = field(1, ge=1)  # responses per held-out prompt; rewards are averaged per prompt
     progress: bool = True
-    tensorboard: bool = True
+    tensorboard: bool = True  # TensorBoard is on when this is true OR "tensorboard" is in `logger`
+    # experiment trackers besides metrics.jsonl (verl's key): "console" (progress bar), "tensorboard",
+    # "wandb", "mlflow", "trackio" (the last three: pip install jaxppo[track]); jaxppo/trainer/trackers.py
+    logger: tuple[Literal["console", "tensorboard", "wandb", "mlflow", "trackio"], ...] | Literal[
+        "console", "tensorboard", "wandb", "mlflow", "trackio"] = ("console",)
+    run_name: str | None = None  # tracker run name; defaults to the output_dir folder name
+    group: str | None = None  # tracker group (a sweep sets it): wandb group, mlflow experiment, trackio project
     plots: bool = True
     save_hf: bool = True
 
