@@ -43,7 +43,8 @@ from jaxppo.data.tokenize import encode_rows, fit_prompt, fit_response, left_pad
 from jaxppo.data.validation import require_rows
 
 
-def score_texts(scorer: Any, prompts: Sequence[Text], responses: Sequence[Text]) -> tuple[np.ndarray, dict[int, RowSkip]]:
+def score_texts(scorer: Any, prompts: Sequence[Text],
+                responses: Sequence[Text]) -> tuple[np.ndarray, dict[int, RowSkip]]:
     """Reward-model scores [N] float32 of (prompt, response) rows whose fields may be strings or chat
     messages, tokenized with the reward model's tokenizer and settings (``scorer.meta``) exactly like
     :meth:`RewardModelScorer.__call__ <jaxppo.rewards.model_io.RewardModelScorer.__call__>` does for
@@ -188,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, resolve_model_path, setup_logging
 
     prog = "python -m jaxppo.reward"
-    command, cfg = parse_config_args(prog, "Train or apply a Bradley-Terry reward model, or turn preference pairs into a scored dataset.",
+    command, cfg = parse_config_args(prog, "Train or apply a Bradley-Terry reward model, or turn preference pairs "
+                                           "into a scored dataset.",
                                      argv, commands=("train", "score", "to-scored"))
     try:
         setup_logging(cfg.trainer.output_dir, f"reward_{command}.log")
@@ -204,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif command == "to-scored":
             m = preference_to_scored(cfg)
             how = (f"reward-model scores ({cfg.reward.model_path}; pair accuracy {m['accuracy']:.4f})"
-                   if m["score_source"] == "reward_model" else "label scores (chosen 1, rejected 0; no reward.model_path)")
+                   if m["score_source"] == "reward_model"
+                   else "label scores (chosen 1, rejected 0; no reward.model_path)")
             print(f"wrote {m['n_rows']} scored rows ({m['n_pairs']} pairs) with {how} to {m['output']}; "
                   "no behaviour log-probs: training takes them from the reference policy")
         else:

@@ -23,20 +23,25 @@ to one prompt land on the same side::
 For preference pairs, split by the prompt text (``[pair.prompt for pair in loaded.rows]`` mapped
 through ``arrays["index"]``), as ``jaxppo.rewards.model_training`` does. The split is deterministic
 in ``(keys, eval_fraction, seed)``.
+
+Text fields may be strings or chat messages (TRL's conversational forms), rendered by the tokenizer's
+chat template (or ``data.chat_template_file``); see :mod:`jaxppo.data.conversation`.
 """
 
 from jaxppo.data.behaviour import (compute_behaviour_logprobs, fill_behaviour_logprobs, load_scored_arrays,
                                    response_logprobs)
+from jaxppo.data.conversation import Conversation, Message, apply_chat_template_file, render, render_prompt
 from jaxppo.data.hh import split_dialogue, split_pair
 from jaxppo.data.loading import read_json_strict, read_records
 from jaxppo.data.pipeline import LoadedRows, load_rows, rows_from_records, split_by_group, tokenize_rows
-from jaxppo.data.report import SKIP_REASONS, DataError, DataReport
+from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
 from jaxppo.data.tokenize import bucket_lengths, bucketize, tokenize_preference, tokenize_scored
 from jaxppo.data.validation import require_rows, validate_preference, validate_scored
 
 __all__ = [
-    "SKIP_REASONS", "DataError", "DataReport", "LoadedRows", "PreferencePair", "ScoredTrajectory",
+    "SKIP_REASONS", "Conversation", "DataError", "DataReport", "LoadedRows", "Message", "PreferencePair", "RowSkip",
+    "ScoredTrajectory", "apply_chat_template_file", "render", "render_prompt",
     "bucket_lengths", "compute_behaviour_logprobs", "fill_behaviour_logprobs", "load_scored_arrays",
     "response_logprobs", "bucketize", "load_rows", "read_json_strict", "read_records", "require_rows",
     "rows_from_records", "split_by_group", "split_dialogue", "split_pair", "tokenize_preference",

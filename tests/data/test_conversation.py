@@ -22,7 +22,8 @@ from jaxppo.data.tokenize import tokenize_preference, tokenize_scored
 from jaxppo.data.validation import validate_preference, validate_scored
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+          "'<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 def hh_messages(text: str) -> list[dict]:

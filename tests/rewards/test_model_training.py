@@ -344,7 +344,8 @@ def conv_rm(hh, tmp_path_factory):
 
     root, cfg, _ = hh
     out = tmp_path_factory.mktemp("conv_rm")
-    c = load_config(str(cfg), [f"data.path={root / 'hh_conv.jsonl'}", f"data.chat_template_file={root / 'chatml.jinja'}"])
+    c = load_config(str(cfg), [f"data.path={root / 'hh_conv.jsonl'}",
+                               f"data.chat_template_file={root / 'chatml.jinja'}"])
     result = train_reward_model(c, out_dir=out)
     return out, result
 
