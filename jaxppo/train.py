@@ -1,24 +1,34 @@
-"""``python -m jaxppo.train --config FILE [dotted.key=value ...]``: offline PPO (see ``jaxppo.trainer.loop``)."""
+"""``python -m jaxppo.train --config FILE [dotted.key=value ...]``: offline PPO (see ``jaxppo.trainer.loop``).
+
+Bad input — a config error, a missing ``model.path``, an unreadable dataset or hub name, a checkpoint
+written by another run or damaged beyond recovery — is one line on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Sequence
+
+PROG = "python -m jaxppo.train"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jaxppo.cli_util import parse_config_args, setup_logging
+    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
     from jaxppo.config import ConfigError
 
-    _, cfg = parse_config_args("python -m jaxppo.train", "Offline PPO with importance sampling and prioritized "
-                               "replay.", argv)
+    _, cfg = parse_config_args(PROG, "Offline PPO with importance sampling and prioritized replay.", argv)
     setup_logging(cfg.trainer.output_dir, "train.log")
+    from jaxppo.trainer.checkpoint import CheckpointError
     from jaxppo.trainer.loop import train
 
     try:
         summary = train(cfg)
     except ConfigError as e:
-        raise SystemExit(f"python -m jaxppo.train: config error: {e}") from None
+        print(f"{PROG}: config error: {e}", file=sys.stderr)
+        return 2
+    except (*USER_ERRORS, CheckpointError) as e:
+        return report_user_error(PROG, e)
     keys = ("eval/reward_before", "eval/reward_after", "eval/reward_gain_ci95", "eval/kl", "time/total_s")
     print(json.dumps({k: summary[k] for k in keys if k in summary}))
     print(f"outputs in {cfg.trainer.output_dir}")

@@ -171,8 +171,10 @@ class Checkpointer:
         expected = tree_signature(like)
         try:
             tree_md = json.loads((self.directory / str(step) / "state" / "_METADATA").read_text())["tree_metadata"]
+            # array leaves only: empty containers and None nodes are recorded with skip_deserialize
             paths = {"/".join(str(k["key"]) for k in entry["key_metadata"]) for entry in tree_md.values()
-                     if entry.get("value_metadata", {}).get("value_type") not in (None, "None")}
+                     if entry.get("value_metadata", {}).get("value_type") not in (None, "None")
+                     and not entry.get("value_metadata", {}).get("skip_deserialize", False)}
         except Exception as e:  # noqa: BLE001 - unreadable tree metadata: the checkpoint is damaged
             return CheckpointDamagedError(f"{where} is damaged (its tree metadata cannot be read: "
                                           f"{type(e).__name__}: {str(e)[:300]})")

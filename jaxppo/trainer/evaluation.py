@@ -108,8 +108,25 @@ def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids, response_mask):
+def _generic_logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids, response_mask):
     return response_logprobs(nnx.merge(graphdef, state), prompt_ids, prompt_mask, response_ids, response_mask)
+
+
+def _logprobs(model: nnx.Module, graphdef, state, *arrays):
+    """Response log-probs of ``model`` (split as ``graphdef, state``); a causal LM uses the jit shared with the
+    reference/perplexity passes (``jaxppo.models.transformer.continuation_logprobs``: LM head on the response
+    positions only)."""
+    from jaxppo.models.transformer import continuation_logprobs
+
+    fn = continuation_logprobs if hasattr(model, "continuation_logprobs") else _generic_logprobs
+    return fn(graphdef, state, *arrays)
+
+
+def _same_params(a, b) -> bool:
+    """True when two parameter states are the very same arrays (evaluating the reference against itself)."""
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    return ta == tb and all(x is y for x, y in zip(la, lb))
 
 
 @jax.jit
@@ -146,6 +163,7 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
     bs = min(batch_size, n)
     pol_gd, pol_state = nnx.split(model)
     ref_gd, ref_state = nnx.split(ref_model)
+    same = pol_gd == ref_gd and _same_params(pol_state, ref_state)
     tokens, masks, kl_num, kl_den = [], [], [], []
     for j, start in enumerate(range(0, n, bs)):
         p_ids = _pad_rows(prompt_ids[start:start + bs], bs).astype(np.int32)
@@ -155,8 +173,10 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
                        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                        eos_token_id=eos_token_id, pad_token_id=pad_token_id)
         r_ids, r_mask = out.tokens, out.mask
-        pol_lp = _logprobs(pol_gd, pol_state, p_ids, p_mask, r_ids, r_mask)
-        ref_lp = _logprobs(ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
+        pol_lp = _logprobs(model, pol_gd, pol_state, p_ids, p_mask, r_ids, r_mask)
+        # the same function of the same arrays gives the same numbers: skip the second pass when the
+        # policy is the reference itself (the "before" evaluation); its KL is then exactly 0
+        ref_lp = pol_lp if same else _logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
         num, den = _kl_sums(pol_lp, ref_lp, r_mask)
         tokens.append(_host(r_ids)[:m])
         masks.append(_host(r_mask)[:m])
@@ -179,4 +199,34 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
             "prompts": prompts, "response_ids": tokens_np, "response_mask": masks_np}
 
 
-__all__ = ["bootstrap_ci", "evaluate_policy", "heldout_perplexity"]
+def generated_length(model: nnx.Module, prompt_ids: np.ndarray, prompt_mask: np.ndarray, *, max_new_tokens: int,
+                     eos_token_id: int | Sequence[int] | None = None, pad_token_id: int = 0,
+                     batch_size: int = 32) -> float:
+    """The policy's mean greedy generation length ``(1/N) Σ_i Σ_t m_it`` (EOS included) on ``prompt_ids`` [N, P].
+
+    Greedy decoding (temperature 0), so the probe depends only on the parameters; the last batch is
+    padded with copies of its first row (one compiled shape) and cut. The length guard's probe.
+    """
+    from jaxppo.models import generate
+
+    prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask)
+    if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape or prompt_ids.shape[0] == 0:
+        raise ValueError(f"generated_length: prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} "
+                         "must be the same non-empty [N, P] shape")
+    if batch_size < 1:
+        raise ValueError(f"generated_length: batch_size must be >= 1, got {batch_size}")
+    n = prompt_ids.shape[0]
+    bs = min(batch_size, n)
+    total = 0.0
+    for start in range(0, n, bs):
+        m = min(bs, n - start)
+        p_ids = _pad_rows(prompt_ids[start:start + bs], bs).astype(np.int32)
+        p_mask = _pad_rows(prompt_mask[start:start + bs], bs).astype(np.int32)
+        out = generate(model, jnp.asarray(p_ids), jnp.asarray(p_mask), jax.random.PRNGKey(0),
+                       max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=eos_token_id,
+                       pad_token_id=pad_token_id)
+        total += float(_host(out.mask)[:m].sum())
+    return total / n
+
+
+__all__ = ["bootstrap_ci", "evaluate_policy", "generated_length", "heldout_perplexity"]

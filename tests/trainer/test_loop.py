@@ -110,18 +110,25 @@ def test_heldout_reward_rises_with_is_and_per(make_cfg, tmp_path):
 
 
 def test_guard_actions_are_applied_and_logged(make_cfg, tmp_path):
-    """KL above the threshold → actor LR cut to guards.kl_lr; perplexity above tolerance → rollback."""
+    """KL above the threshold → actor LR x guards.kl_lr_factor (default 0.1, compounding); perplexity above
+    tolerance → rollback."""
     from jaxppo.trainer.loop import train
     from jaxppo.trainer.setup import build_run
 
-    cfg = make_cfg("guards.kl_threshold=1e-9", "guards.kl_lr=1e-7", out=tmp_path / "kl")
-    train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
+    cfg = make_cfg("guards.kl_threshold=1e-9", out=tmp_path / "kl")
+    assert cfg.guards.kl_lr is None and cfg.guards.kl_lr_factor == 0.1
+    run = build_run(cfg, devices=jax.devices()[:1])
+    train(cfg, run=run)
     rows = _rows(tmp_path / "kl" / "metrics.jsonl")
     cuts = [e for e in _rows(tmp_path / "kl" / "events.jsonl") if e["kind"] == "lower_lr"]
     # the guard fires when the KL crosses the threshold (again after dipping below it, e.g. right after a refresh)
-    assert cuts and all(e["lr"] == 1e-7 and e["kl"] > 1e-9 for e in cuts)
-    cut = cuts[0]["step"]
-    assert cut < 20 and all(r["actor/lr"] == pytest.approx(1e-7) for r in rows if r["step"] > cut)
+    assert cuts and all(e["factor"] == 0.1 and e["kl"] > 1e-9 for e in cuts)
+    assert cuts[0]["step"] < 20
+    assert float(run.state.lr_scale) == pytest.approx(0.1 ** len(cuts), rel=1e-5) and float(run.state.lr_scale) < 1
+    for r in rows:
+        if r["step"] > 2:   # after the warmup: the configured 5e-4 times 0.1 per cut made before this step
+            n = sum(e["step"] < r["step"] for e in cuts)
+            assert r["actor/lr"] == pytest.approx(5e-4 * 0.1 ** n, rel=1e-5)
     assert all(r["critic/lr"] > 1e-4 for r in rows if r["step"] > 2)      # the critic keeps its LR
 
     cfg = make_cfg("guards.ppl_every=5", "guards.ppl_tolerance=1e-9", "trainer.save_every=5", out=tmp_path / "ppl")
@@ -131,3 +138,8 @@ def test_guard_actions_are_applied_and_logged(make_cfg, tmp_path):
     assert rollbacks and rollbacks[0]["step"] == 5 and rollbacks[0]["reason"] == "perplexity"
     assert all(e["step"] % 5 == 0 for e in rollbacks)
     assert [r["step"] for r in rows if "eval/perplexity" in r] == [5, 10, 15, 20]
+    # each rollback restores the newest checkpoint whose perplexity check passed (step 0: the baseline)
+    restored = [e for e in _rows(tmp_path / "ppl" / "events.jsonl") if e["kind"] == "rollback_restored"]
+    passed = [0] + [s for s in (5, 10, 15, 20) if s not in {e["step"] for e in rollbacks}]
+    assert [e["step"] for e in restored] == [e["step"] for e in rollbacks]
+    assert all(e["verified"] and e["checkpoint_step"] == max(p for p in passed if p < e["step"]) for e in restored)
