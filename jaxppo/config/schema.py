@@ -211,6 +211,33 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    """``python -m jaxppo.dpo`` (the offline preference baseline; formulas in ``jaxppo/ops/dpo.py``, TRL's names).
+
+    The policy's optimizer is ``actor.optim``; one step draws ``batch_size`` pairs (shuffled epochs) and
+    accumulates gradients over ``micro_batch_size`` pairs at a time."""
+
+    beta: float = field(0.1, gt=0.0)
+    loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "sigmoid_norm"] = "sigmoid"
+    label_smoothing: float = field(0.0, ge=0.0, le=0.5)  # cDPO / robust epsilon (sigmoid, robust only)
+    rpo_alpha: float = field(0.0, ge=0.0)  # RPO: + rpo_alpha x NLL per token of the chosen answer
+    batch_size: int = field(32, ge=1)  # pairs per step
+    micro_batch_size: int | None = field(None, ge=1)  # gradient accumulation chunk (divides batch_size)
+
+    def __post_init__(self):
+        if self.loss_type not in ("sigmoid", "robust"):
+            check(self.label_smoothing == 0.0, "dpo.label_smoothing",
+                  f"is only used by loss_type sigmoid/robust; loss_type={self.loss_type} needs 0, "
+                  f"got {self.label_smoothing}")
+        if self.loss_type == "robust":
+            check(self.label_smoothing < 0.5, "dpo.label_smoothing",
+                  f"must be < 0.5 for loss_type=robust, got {self.label_smoothing}")
+        if self.micro_batch_size is not None:
+            check(self.batch_size % self.micro_batch_size == 0, "dpo.micro_batch_size",
+                  f"must divide dpo.batch_size={self.batch_size}, got {self.micro_batch_size}")
+
+
+@dataclass(frozen=True)
 class MeshConfig:
     data: int = field(1, ge=1)
     fsdp: int = field(1, ge=1)
@@ -269,6 +296,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
