@@ -60,6 +60,11 @@ def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarra
     if n == 0:
         return np.zeros((0, arrays["response_ids"].shape[1]), np.float32)
     graphdef, state = nnx.split(model)
+    # a causal LM reads only the R response positions through its LM head (one shared jit, see
+    # jaxppo.models.transformer.continuation_logprobs); any other callable model takes the generic path
+    from jaxppo.models.transformer import continuation_logprobs
+
+    fn = continuation_logprobs if hasattr(model, "continuation_logprobs") else _logprobs_pure
     bs = min(batch_size, n)
     out = []
     for start in range(0, n, bs):
@@ -67,7 +72,7 @@ def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarra
         m = chunk[0].shape[0]
         if m < bs:  # keep one compiled shape
             chunk = [np.concatenate([c, np.repeat(c[:1], bs - m, axis=0)]) for c in chunk]
-        lp = _logprobs_pure(graphdef, state, *chunk)
+        lp = fn(graphdef, state, *chunk)
         out.append(np.asarray(lp)[:m])
     return np.concatenate(out).astype(np.float32)
 

@@ -11,6 +11,7 @@ are ``cumsum(mask) - 1``, and a key is visible iff it is real and not in the fut
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -213,6 +214,23 @@ class CausalLM(nnx.Module):
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         return self.logits_from_hidden(self.model(input_ids, attention_mask))
 
+    def continuation_logprobs(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
+                              response_mask: jax.Array) -> jax.Array:
+        """``log π(y_t | x, y_<t)`` [B, R] float32 of each response token, 0 where ``response_mask`` is 0.
+
+        The trunk runs over ``concat(prompt, response)`` [B, P+R]; only the R positions ``P-1 .. P+R-2`` that
+        predict a response token go through the LM head (not all P+R), and the log-prob is
+        ``(z_y − m) − log Σ_v exp(z_v − m)`` with ``m = max_v z_v`` (no [B, R, V] log-softmax is stored).
+        """
+        p, r = prompt_ids.shape[1], response_ids.shape[1]
+        ids = jnp.concatenate([prompt_ids, response_ids], axis=1).astype(jnp.int32)
+        mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(jnp.int32)
+        z = self.logits_from_hidden(self.model(ids, mask)[:, p - 1:p + r - 1])
+        m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+        lse = jnp.log(jnp.sum(jnp.exp(z - m), axis=-1))
+        tok = jnp.take_along_axis(z, response_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        return ((tok - m[..., 0]) - lse) * response_mask.astype(jnp.float32)
+
     def init_cache(self, batch: int, length: int) -> KVCache:
         return self.model.init_cache(batch, length)
 
@@ -220,6 +238,16 @@ class CausalLM(nnx.Module):
         """Logits [B, T, V] float32 of tokens placed at cache slots ``index..`` and the updated cache."""
         h, cache = self.model.forward_cached(input_ids, positions, input_valid, cache, index)
         return self.logits_from_hidden(h), cache
+
+
+@partial(jax.jit, static_argnums=0)
+def continuation_logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids, response_mask) -> jax.Array:
+    """Jitted ``nnx.merge(graphdef, state).continuation_logprobs(...)`` (see :meth:`CausalLM.continuation_logprobs`).
+
+    One module-level jit, so the behaviour/reference pass, the held-out perplexity and the evaluation's KL
+    passes share one compiled program per (model structure, shapes).
+    """
+    return nnx.merge(graphdef, state).continuation_logprobs(prompt_ids, prompt_mask, response_ids, response_mask)
 
 
 def _mask_or_ones(input_ids: jax.Array, attention_mask) -> jax.Array:

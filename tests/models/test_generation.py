@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxppo.models import generate, sample_from_logits
+from jaxppo.models import generation as gen
 from jaxppo.models.generation import TRACE_COUNT
 from tests.models.tiny_lm import FAMILIES, left_padded_prompts, tiny_lm
 
@@ -254,3 +255,71 @@ def test_nucleus_from_partial_sort_equals_full_sort(scale):
             assert keep[int(a[0][r])]
     sizes = [allowed_set_np(z[r], 0, 0.9).sum() for r in range(4)]
     assert (max(sizes) < 256) == (scale > 1)  # the two cases really take the two paths
+
+
+# ----------------------------------------------------------------------------- fast argmax / categorical
+
+class TestFastSampling(chex.TestCase):
+    """``argmax_last`` / ``categorical`` / ``token_logprob``: the same numbers as jnp.argmax,
+    jax.random.categorical and log_softmax, without XLA:CPU's unvectorised variadic argmax reduction."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_argmax_last_by_hand(self):
+        x = jnp.array([[1.0, 3.0, 3.0, 0.0],          # tie -> first index
+                       [jnp.nan, 1.0, jnp.nan, 2.0],  # NaN counts as the maximum (first NaN), as jnp.argmax
+                       [-jnp.inf] * 4,                # all -inf -> 0
+                       [-jnp.inf, -5.0, -jnp.inf, -6.0]])
+        out = self.variant(gen.argmax_last)(x)
+        assert out.dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(out), [1, 0, 0, 1])
+
+    @settings(max_examples=30, deadline=None)
+    @given(st.integers(1, 4), st.integers(1, 40), st.integers(0, 2 ** 31 - 1), st.booleans())
+    def test_argmax_last_equals_numpy(self, b, v, seed, coarse):
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(b, v)).astype(np.float32)
+        if coarse:  # many ties
+            x = np.round(x)
+        expected = np.argmax(x, axis=-1)  # numpy: first index of the maximum
+        for fn in (gen.argmax_last, jax.jit(gen.argmax_last)):
+            np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(x))), expected)
+
+    @settings(max_examples=20, deadline=None)
+    @given(st.integers(1, 6), st.integers(2, 300), st.integers(0, 2 ** 31 - 1))
+    def test_categorical_is_jax_random_categorical_bit_for_bit(self, b, v, seed):
+        rng = np.random.default_rng(seed)
+        z = jnp.asarray(rng.normal(size=(b, v)) * 4, jnp.float32)
+        key = jax.random.key(seed)
+        expected = np.asarray(jax.random.categorical(key, z, axis=-1))
+        for fn in (gen.categorical, jax.jit(gen.categorical)):
+            np.testing.assert_array_equal(np.asarray(fn(key, z)), expected)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_token_logprob_by_hand_and_vs_numpy(self):
+        z = jnp.array([[0.0, 2.0, 1.0], [5.0, -1.0, 4.0]])
+        lp = self.variant(gen.token_logprob)(z, jnp.array([2, 1], jnp.int32))
+        np.testing.assert_allclose(np.asarray(lp), [1 - np.log(1 + np.e ** 2 + np.e),
+                                                    -1 - np.log(np.e ** 5 + np.e ** -1 + np.e ** 4)], rtol=1e-6)
+        rng = np.random.default_rng(0)
+        z = rng.normal(size=(5, 1000)).astype(np.float32) * 3
+        tok = rng.integers(0, 1000, 5)
+        out = self.variant(gen.token_logprob)(jnp.asarray(z), jnp.asarray(tok, jnp.int32))
+        expected = _log_softmax(z.astype(np.float64))[np.arange(5), tok]
+        np.testing.assert_allclose(np.asarray(out), expected, atol=2e-6)
+
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_compiled_sampler_has_no_variadic_argmax_reduction(greedy):
+    """The perf regression this guards: jnp.argmax / jax.random.categorical lower to a (value, index)
+    tuple reduction that XLA:CPU runs unvectorised (the largest non-matmul cost of a decode step)."""
+    import re
+
+    fn = jax.jit(lambda lg, key: sample_from_logits(lg, key, greedy=greedy, temperature=1.0, top_k=0,
+                                                    use_top_p=False, top_p=1.0))
+    hlo = fn.lower(jnp.zeros((4, 512)), jax.random.key(0)).compile().as_text()
+    assert re.search(r"= \(\S+, \S+\) reduce\(", hlo) is None
+    assert re.search(r"reduce\(", hlo) is not None  # the check reads reductions at all
+    # and the pattern does catch jnp.argmax's lowering
+    old = jax.jit(lambda lg: jnp.argmax(lg, axis=-1)).lower(jnp.zeros((4, 512))).compile().as_text()
+    assert re.search(r"= \(\S+, \S+\) reduce\(", old) is not None

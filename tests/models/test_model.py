@@ -49,6 +49,57 @@ def test_left_padding_does_not_change_real_token_logits():
     assert np.isfinite(padded).all()  # fully masked pad queries do not produce NaN
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_continuation_logprobs_match_full_logits_log_softmax(family):
+    """CausalLM.continuation_logprobs (LM head on the R response positions only, logsumexp form) against an
+    independent numpy log-softmax of the full-sequence logits read at P-1 .. P+R-2; jitted and un-jitted."""
+    from jaxppo.models.transformer import continuation_logprobs
+
+    model = tiny_lm(family, seed=2)
+    v = model.config.vocab_size
+    p_ids, p_mask = left_padded_prompts(v, lengths=(5, 2, 1), width=5, seed=3)
+    rng = np.random.default_rng(4)
+    r_ids = rng.integers(3, v, size=(3, 4)).astype(np.int32)
+    r_mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], np.int32)
+    r_ids = np.where(r_mask == 1, r_ids, 0).astype(np.int32)
+    full = np.asarray(model(jnp.asarray(np.concatenate([p_ids, r_ids], 1)),
+                            jnp.asarray(np.concatenate([p_mask, r_mask], 1))), np.float64)[:, 4:8]
+    z = full - full.max(-1, keepdims=True)
+    lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    expected = np.take_along_axis(lsm, r_ids[..., None], -1)[..., 0] * r_mask
+    args = [jnp.asarray(a) for a in (p_ids, p_mask, r_ids, r_mask)]
+    eager = np.asarray(model.continuation_logprobs(*args))
+    gd, state = nnx.split(model)
+    jitted = np.asarray(continuation_logprobs(gd, state, *args))
+    for out in (eager, jitted):
+        assert out.shape == (3, 4) and out.dtype == np.float32
+        np.testing.assert_allclose(out, expected, atol=2e-5)
+        assert np.all(out[r_mask == 0] == 0) and np.all(out[r_mask == 1] < 0)
+
+
+def test_continuation_logprobs_put_only_response_rows_through_the_lm_head():
+    """The LM head GEMM of the compiled pass has B*R rows (not B*(P+R)): the saving over model(ids)[:, P-1:]."""
+    import re
+
+    from jaxppo.models.transformer import continuation_logprobs
+
+    model = tiny_lm("llama")
+    v = model.config.vocab_size
+    b, p, r = 2, 6, 3
+    gd, state = nnx.split(model)
+    zeros = jnp.zeros((b, p), jnp.int32), jnp.ones((b, p), jnp.int32), jnp.zeros((b, r), jnp.int32)
+    hlo = continuation_logprobs.lower(gd, state, *zeros, jnp.ones((b, r), jnp.int32)).compile().as_text()
+    def head_rows(text):
+        return {tuple(map(int, m.groups())) for m in re.finditer(r"f32\[(\d+),(\d+)\]\S* (?:dot|fusion)\(", text)
+                if int(m.group(2)) == v}
+
+    assert head_rows(hlo) == {(b * r, v)}
+    # the check does see the head of a pass that computes every position's logits first
+    whole = jax.jit(lambda ids, mask: model(ids, mask)[:, p - 1:])
+    assert head_rows(whole.lower(jnp.zeros((b, p + r), jnp.int32), jnp.ones((b, p + r), jnp.int32))
+                     .compile().as_text()) == {(b * (p + r), v)}
+
+
 def _loss_and_grads(model, ids, mask):
     def loss(m):
         lp = jax.nn.log_softmax(m(ids, mask))
