@@ -1,4 +1,5 @@
-"""Run logs: ``metrics.jsonl`` + ``events.jsonl`` (always), TensorBoard scalars and a progress bar.
+"""Run logs: ``metrics.jsonl`` + ``events.jsonl`` (always), TensorBoard scalars, a progress bar and experiment
+trackers (W&B, MLflow, Trackio: ``trackers.py``, ``trainer.logger``).
 
 ``metrics.jsonl`` holds one JSON object per line, ``{"step": int, "<name>": float, ...}``; each line
 is flushed and ``os.fsync``-ed before ``log`` returns, so a run killed at any moment leaves at most
@@ -16,7 +17,10 @@ unparsable line anywhere else is an error naming the file and line. TensorBoard 
 with ``purge_step=s + 1`` (``0`` for a fresh run): events of later steps left by an earlier run in
 the same folder are hidden.
 
-Multi-process runs (``jax.distributed``): only process 0 writes files, TensorBoard and the progress
+Trackers receive the finite metrics of every ``log``, every ``event`` and ``close``; a resumed run starts
+a new tracker run (the JSONL files are the exact record).
+
+Multi-process runs (``jax.distributed``): only process 0 writes files, TensorBoard, trackers and the progress
 bar (``write=None``, the default, means ``jax.process_index() == 0``); the other processes' loggers
 only convert and return the metrics.
 """
@@ -29,7 +33,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -136,10 +140,15 @@ class MetricsLogger:
     ``event(step, kind, message, **data)``: one ``events.jsonl`` line and a ``logging`` warning.
     The progress bar (tqdm, with ETA) runs from ``start_step`` to ``total_steps``; ``progress=False``
     turns it off and tqdm turns it off itself when stderr is not a terminal.
+    ``trackers``: names from ``trackers.TRACKERS`` (``"wandb"``, ``"mlflow"``, ``"trackio"``) or ready
+    :class:`jaxppo.trainer.trackers.Tracker` objects; ``log``/``event``/``close`` fan out to them. Names are
+    started with ``run_name``, ``group`` and ``run_config`` (see :func:`jaxppo.trainer.trackers.make_trackers`).
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, total_steps: int, start_step: int = 0,
-                 tensorboard: bool = True, progress: bool = True, write: bool | None = None):
+                 tensorboard: bool = True, progress: bool = True, write: bool | None = None,
+                 trackers: Sequence[Any] = (), run_name: str | None = None, group: str | None = None,
+                 run_config: Mapping[str, Any] | None = None):
         if not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"MetricsLogger: start_step must be a non-negative int, got {start_step!r}")
         if not isinstance(total_steps, int) or total_steps < 0:
@@ -157,6 +166,7 @@ class MetricsLogger:
         self._metrics = self._events = None
         self._tb = None
         self._bar = None
+        self._trackers: list[Any] = []
         self._closed = False
         if not self.write:
             return
@@ -165,6 +175,21 @@ class MetricsLogger:
             truncate_log(p, start_step)
         self._metrics = _JsonlWriter(self.metrics_path)
         self._events = _JsonlWriter(self.events_path)
+        if isinstance(trackers, str):
+            trackers = (trackers,)
+        names = [t for t in trackers if isinstance(t, str)]
+        if names:
+            from jaxppo.trainer.trackers import make_trackers
+
+            try:
+                made = iter(make_trackers(names, self.out_dir, run_name=run_name, group=group, config=run_config))
+            except BaseException:
+                self._metrics.close()
+                self._events.close()
+                raise
+            self._trackers = [next(made) if isinstance(t, str) else t for t in trackers]
+        else:
+            self._trackers = list(trackers)
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -198,6 +223,8 @@ class MetricsLogger:
             shown = {k.split("/", 1)[-1]: f"{values[k]:.4g}" for k in PROGRESS_KEYS if k in values}
             if shown:
                 self._bar.set_postfix(shown, refresh=False)
+        for t in self._trackers:
+            t.log(step, values)
         return values
 
     def event(self, step: int, kind: str, message: str, **data: Any) -> None:
@@ -216,6 +243,8 @@ class MetricsLogger:
         logger.warning("step %d: %s: %s", step, kind, message)
         if self._tb is not None:
             self._tb.add_text(f"events/{kind}", str(message), global_step=step)
+        for t in self._trackers:
+            t.event(step, kind, str(message), row)
 
     def log_actions(self, step: int, actions: Iterable[Any]) -> None:
         """``event`` for each guard action (objects with ``kind``, ``message`` and ``data``)."""
@@ -233,6 +262,14 @@ class MetricsLogger:
             self._tb.close()
         if self._bar is not None:
             self._bar.close()
+        errors = []
+        for t in self._trackers:          # close every tracker even if one fails, then report the first
+            try:
+                t.close()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> "MetricsLogger":
         return self

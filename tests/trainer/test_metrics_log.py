@@ -159,3 +159,137 @@ def test_tensorboard_resume_writes_a_purge_marker(tmp_path):
             if ev.HasField("session_log") and ev.session_log.status == event_pb2.SessionLog.START:
                 starts.append(ev.step)
     assert 3 in starts  # TensorBoard drops the first run's events with step >= 3
+
+
+# ------------------------------------------------------------------------------------ experiment trackers
+def test_resolve_logger():
+    from jaxppo.trainer.trackers import resolve_logger
+
+    assert resolve_logger("console") == (False, ())
+    assert resolve_logger("console", tensorboard=True) == (True, ())                # trainer.tensorboard alone
+    assert resolve_logger(["console", "tensorboard", "wandb"]) == (True, ("wandb",))
+    assert resolve_logger(("mlflow", "wandb", "mlflow")) == (False, ("mlflow", "wandb"))
+    with pytest.raises(ValueError, match="unknown logger.*neptune"):
+        resolve_logger(["console", "neptune"])
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def log(self, step, metrics):
+        self.calls.append(("log", step, dict(metrics)))
+
+    def event(self, step, kind, message, data):
+        self.calls.append(("event", step, kind, message))
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def test_logger_fans_out_to_trackers(tmp_path):
+    rec = _Recorder()
+    with MetricsLogger(tmp_path, total_steps=2, tensorboard=False, progress=False, trackers=[rec]) as lg:
+        lg.log(1, {"a": np.float32(0.5), "b": float("nan")})
+        lg.event(1, "lower_lr", "KL too high", kl=0.3)
+    assert rec.calls[0][:2] == ("log", 1) and rec.calls[0][2]["a"] == 0.5 and math.isnan(rec.calls[0][2]["b"])
+    assert rec.calls[1:] == [("event", 1, "lower_lr", "KL too high"), ("close",)]
+    other = _Recorder()                                        # not process 0: trackers get nothing
+    with MetricsLogger(tmp_path / "p1", total_steps=2, progress=False, write=False, trackers=[other]) as lg:
+        lg.log(1, {"a": 1.0})
+    assert other.calls == []
+
+
+def test_missing_tracker_package_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)              # import wandb -> ImportError
+    with pytest.raises(ImportError, match=r"pip install 'jaxppo\[track\]'"):
+        MetricsLogger(tmp_path, total_steps=1, tensorboard=False, progress=False, trackers=["wandb"])
+
+
+def test_trackio_adapter_with_a_fake_module(tmp_path, monkeypatch):
+    """trackio is not installed here (it would upgrade pillow): the adapter is checked against a fake module."""
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("trackio")
+    fake.init = lambda **kw: calls.append(("init", kw)) or object()
+    fake.log = lambda metrics, step=None: calls.append(("log", dict(metrics), step))
+    fake.finish = lambda: calls.append(("finish",))
+    monkeypatch.setitem(sys.modules, "trackio", fake)
+    with MetricsLogger(tmp_path / "run7", total_steps=2, tensorboard=False, progress=False, trackers="trackio",
+                       group="sweepA", run_config={"actor": {"lr": 1e-6}}) as lg:
+        lg.log(1, {"x": 1.0, "y": float("inf")})
+        lg.event(2, "rollback", "ppl up")
+    assert calls == [("init", {"project": "sweepA", "name": "run7", "config": {"actor": {"lr": 1e-6}}}),
+                     ("log", {"x": 1.0}, 1), ("log", {"events/rollback": 1.0}, 2), ("finish",)]
+
+
+def _wandb_records(run_file):
+    """Records of a W&B ``.wandb`` file (a LevelDB-style log of protobuf records after a 7-byte header)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    b = run_file.read_bytes()
+    assert b[:4] == b":W&B"
+    pos, buf, out = 7, b"", []
+    while pos + 7 <= len(b):
+        left = 32768 - pos % 32768
+        if left < 7:
+            pos += left
+            continue
+        _, n, kind = struct.unpack("<IHB", b[pos:pos + 7])
+        data = b[pos + 7:pos + 7 + n]
+        pos += 7 + n
+        if kind == 0:
+            continue
+        buf = data if kind in (1, 2) else buf + data
+        if kind in (1, 4):
+            r = pb.Record()
+            r.ParseFromString(buf)
+            out.append(r)
+    return out
+
+
+def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)               # default: offline, no network
+    with MetricsLogger(tmp_path, total_steps=3, tensorboard=False, progress=False, trackers=["wandb"],
+                       run_name="seed0", group="sweepA", run_config={"replay": {"alpha": 0.6}}) as lg:
+        for s in (1, 2, 3):
+            lg.log(s, {"actor/pg_loss": 0.5 * s, "bad": float("nan") if s == 2 else 1.0})
+        lg.event(3, "lower_lr", "KL too high")
+    [run_file] = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    records = _wandb_records(run_file)
+    hist = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "history":
+            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            hist.setdefault(row["_step"], {}).update(row)
+    assert [hist[s]["actor/pg_loss"] for s in (1, 2, 3)] == [0.5, 1.0, 1.5]
+    assert "bad" not in hist[2] and hist[1]["bad"] == 1.0 and hist[3]["events/lower_lr"] == 1.0
+    [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"][:1]
+    assert run.display_name == "seed0" and run.run_group == "sweepA"
+
+
+def test_mlflow_file_store_holds_the_metrics(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with MetricsLogger(tmp_path, total_steps=3, tensorboard=False, progress=False, trackers=["mlflow"],
+                       run_name="seed1", group="sweepB", run_config={"replay": {"alpha": 0.6}}) as lg:
+        for s in (1, 2, 3):
+            lg.log(s, {"actor/pg_loss": 0.5 * s, "bad": float("nan") if s == 2 else 1.0})
+        lg.event(2, "lower_lr", "KL too high")
+    [metric_file] = list((tmp_path / "mlruns").glob("*/*/metrics/actor/pg_loss"))
+    lines = [ln.split() for ln in metric_file.read_text().splitlines()]          # "<timestamp> <value> <step>"
+    assert [(float(v), int(s)) for _, v, s in lines] == [(0.5, 1), (1.0, 2), (1.5, 3)]
+    run_dir = metric_file.parents[2]
+    assert [ln.split()[2] for ln in (run_dir / "metrics" / "bad").read_text().splitlines()] == ["1", "3"]
+    assert (run_dir / "tags" / "event.2.lower_lr").read_text() == "KL too high"
+    assert (run_dir / "tags" / "mlflow.runName").read_text() == "seed1"
+    assert (run_dir / "params" / "replay.alpha").read_text() == "0.6"
+    assert "name: sweepB" in (run_dir.parent / "meta.yaml").read_text()
