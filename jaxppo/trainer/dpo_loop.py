@@ -1,0 +1,416 @@
+"""The offline DPO trainer: build a run from a config, train with exact resume, evaluate, export.
+
+``build_dpo_run(cfg)``: the mesh, the policy (``model.path``, HF or GGUF) sharded by ``mesh.rules``, the
+preference pairs of ``cfg.data`` (``data.schema=preference``) tokenized and split into train / held-out **by
+prompt** (``split_by_group`` on the prompt text, as the reward model does), the reference's summed log-probs
+of every answer (computed once with the initial policy and cached on disk like behaviour log-probs: a second
+run with the same model, dtypes and data reads the file), the optimizer (``actor.optim``) and the jitted step.
+
+``train_dpo(cfg)`` then runs ``trainer.total_steps`` steps of ``dpo.batch_size`` pairs and writes under
+``trainer.output_dir``: ``metrics.jsonl`` (TRL's names: ``loss``, ``rewards/chosen|rejected|accuracies|margins``,
+``logps/chosen|rejected``, ``nll_loss`` with RPO, ``grad_norm``, ``learning_rate``, ``train/nan_skipped``, and
+``eval/rewards/*``, ``eval/logps/*``, ``eval/loss`` on the held-out pairs every ``trainer.eval_every`` steps and
+at the end), ``events.jsonl`` (guard actions), ``checkpoints/`` (Orbax, every ``trainer.save_every``; a run
+killed at any moment resumes to the same metrics), ``hf/``, ``plots/`` and ``summary.json``.
+
+Held-out pair accuracy by implicit reward: ``r(x, y) = beta (log π(y|x) − log π_ref(y|x))``; a pair is right
+when ``r(x, y_c) > r(x, y_r)``; ``eval/rewards/accuracies`` is the share of right held-out pairs, with a
+percentile bootstrap 95% interval over pairs (``eval/rewards/accuracies_ci95``, ``bootstrap_ci`` of the 0/1
+outcomes). The final evaluation of the policy against the reference on the held-out prompts with the configured
+reward (``eval/reward_before``, ``eval/reward_after``, ``eval/reward_gain_ci95``, ``eval/kl``) is the PPO
+trainer's; with ``reward.kind=model`` and no reward model at ``reward.model_path`` it is skipped with a logged
+warning. Guards: NaN/inf updates are skipped in-graph, ``guards.max_nan_steps`` in a row or a held-out
+perplexity (of the chosen answers) above ``(1 + guards.ppl_tolerance)`` x baseline roll back to the newest
+verified checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxppo.config import ConfigError, to_dict
+from jaxppo.trainer.checkpoint import Checkpointer
+from jaxppo.trainer.dpo_step import PAIR_KEYS, DPOHParams, DPOState, batch_indices, make_dpo_step, pair_logps
+
+logger = logging.getLogger("jaxppo.trainer")
+
+EVAL_KEY_SALT = 10_007  # the evaluation key of the PPO trainer and jaxppo.evaluate
+ROLLBACK_FIELDS = ("actor", "actor_opt", "data_cursor")
+
+
+@dataclasses.dataclass
+class DPORun:
+    cfg: Any
+    mesh: Any
+    tokenizer: Any
+    model_path: str
+    graphdef: Any
+    ref_params: Any
+    state: DPOState
+    step: Any                       # jitted (state, batch) -> (state, metrics)
+    train: dict[str, np.ndarray]    # PAIR_KEYS + group_id, index
+    heldout: dict[str, np.ndarray]
+    batch_shardings: dict[str, Any]
+    report: Any = None
+
+    def policy(self, params=None):
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, self.state.actor if params is None else params)
+
+    def reference(self):
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, self.ref_params)
+
+
+def check_dpo_config(cfg: Any, n_devices: int) -> None:
+    """Cross-section checks of a DPO run (ConfigError naming the key)."""
+    m = cfg.mesh
+    n = m.data * m.fsdp * m.tensor
+    if n != n_devices:
+        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
+                          f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
+    if cfg.data.schema != "preference":
+        raise ConfigError(f"data.schema: DPO trains on preference pairs, set data.schema=preference "
+                          f"(got {cfg.data.schema!r})")
+    if cfg.data.path is None:
+        raise ConfigError("data.path is not set: give a preference-pair dataset (prompt/chosen/rejected or HH-RLHF)")
+    mb = cfg.dpo.micro_batch_size or cfg.dpo.batch_size
+    if mb % (m.data * m.fsdp):
+        raise ConfigError(f"dpo.micro_batch_size (or dpo.batch_size)={mb} must be a multiple of the mesh batch "
+                          f"shards mesh.data x mesh.fsdp = {m.data * m.fsdp}")
+
+
+def load_pairs(cfg: Any, tokenizer: Any) -> tuple[dict[str, np.ndarray], np.ndarray, Any]:
+    """``(arrays, prompt_group [N] int32, report)``: tokenized pairs and a dense id of each pair's prompt text."""
+    from jaxppo.data import load_rows, tokenize_rows
+
+    loaded = load_rows(cfg.data)
+    arrays = tokenize_rows(loaded, tokenizer, cfg.data)
+    by_index = {p.index: p.prompt for p in loaded.rows}
+    table: dict[str, int] = {}
+    group = np.array([table.setdefault(json.dumps(by_index[int(i)], sort_keys=True, default=str), len(table))
+                      for i in arrays["index"]], dtype=np.int32)
+    return arrays, group, loaded.report
+
+
+def reference_logps(arrays: dict[str, np.ndarray], *, model_path: str, model: Any, cache_dir: Any,
+                    batch_size: int, report: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Summed reference log-probs ``(chosen [N], rejected [N])`` via the cached behaviour log-prob pass
+    (``jaxppo.data.behaviour.fill_behaviour_logprobs`` on the ``[2N]`` stack chosen-then-rejected)."""
+    from jaxppo.data.behaviour import fill_behaviour_logprobs
+
+    n = arrays["prompt_ids"].shape[0]
+    stack = {"prompt_ids": np.concatenate([arrays["prompt_ids"]] * 2),
+             "prompt_mask": np.concatenate([arrays["prompt_mask"]] * 2),
+             "response_ids": np.concatenate([arrays["chosen_ids"], arrays["rejected_ids"]]),
+             "response_mask": np.concatenate([arrays["chosen_mask"], arrays["rejected_mask"]])}
+    stack["behaviour_logprobs"] = np.zeros(stack["response_ids"].shape, np.float32)
+    stack["has_behaviour"] = np.zeros(2 * n, bool)
+    out = fill_behaviour_logprobs(stack, model_path=model_path, model=model, cache_dir=cache_dir,
+                                  batch_size=batch_size, report=report)
+    sums = (out["behaviour_logprobs"] * stack["response_mask"]).sum(axis=1).astype(np.float32)
+    return sums[:n], sums[n:]
+
+
+def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
+    """Everything a DPO run needs (see the module doc)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxppo.cli_util import resolve_model_path, tokenizer_path
+    from jaxppo.data import split_by_group
+    from jaxppo.data.behaviour import default_cache_dir
+    from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.parallel import batch_sharding, make_mesh, merged_rules
+    from jaxppo.trainer.setup import _DTYPES
+    from jaxppo.trainer.state import init_optimizer, lr_schedule, make_optimizer, replicate_leaves, shardings_of, \
+        split_params
+
+    devices = list(jax.devices() if devices is None else devices)
+    check_dpo_config(cfg, len(devices))
+    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
+    try:
+        rules = merged_rules(cfg.mesh.rules)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+    arrays, group, report = load_pairs(cfg, tokenizer)
+    model = load_pretrained(model_path, dtype=_DTYPES[cfg.model.param_dtype],
+                            compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh, rules=rules,
+                            remat=cfg.model.remat)
+    cache_dir = cfg.data.cache_dir if cfg.data.cache_dir is not None else default_cache_dir(cfg.data.path)
+    arrays["ref_chosen"], arrays["ref_rejected"] = reference_logps(
+        arrays, model_path=model_path, model=model, cache_dir=cache_dir, batch_size=cfg.data.behaviour_batch_size,
+        report=report)
+    arrays["group_id"] = group
+    train_rows, eval_rows = split_by_group(group.tolist(), cfg.data.eval_fraction, cfg.data.seed)
+    if len(train_rows) == 0:
+        raise ConfigError("data: no training pairs left after the by-prompt split; lower data.eval_fraction")
+    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
+    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
+
+    graphdef, params = split_params(model)
+    ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+    total = cfg.trainer.total_steps
+    tx = make_optimizer(cfg.actor.optim, total)
+    rep = NamedSharding(mesh, PartitionSpec())
+    scalar = lambda v, dt: jax.device_put(jnp.asarray(v, dt), rep)  # noqa: E731
+    state = DPOState(step=scalar(0, jnp.int32), actor=params, actor_opt=init_optimizer(tx, params, mesh),
+                     lr_scale=scalar(1.0, jnp.float32), nan_total=scalar(0, jnp.int32),
+                     nan_streak=scalar(0, jnp.int32), data_cursor=scalar(0, jnp.int32))
+    state = replicate_leaves(state, mesh)
+    batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in PAIR_KEYS}
+    step = make_dpo_step(graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
+                         state_shardings=shardings_of(state), batch_shardings=batch_sh)
+    return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, graphdef=graphdef,
+                  ref_params=ref_params, state=state, step=step, train=train, heldout=heldout,
+                  batch_shardings=batch_sh, report=report)
+
+
+def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
+    """The training pairs at stream positions ``cursor ..`` (``dpo_step.batch_indices``), on the mesh."""
+    n = run.train["prompt_ids"].shape[0]
+    idx = batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, n)
+    return {k: jax.device_put(np.asarray(run.train[k][idx]), run.batch_shardings[k]) for k in PAIR_KEYS}
+
+
+def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
+    """TRL's DPO metrics of ``params`` over all pairs of ``arrays`` (``loss`` = mean ``dpo_loss``) and the
+    per-pair outcome ``r_c > r_r`` (implicit rewards, see the module doc)."""
+    from jaxppo.ops import dpo_loss
+
+    d = run.cfg.dpo
+    pc, pr = pair_logps(run.graphdef, params, arrays, run.cfg.data.behaviour_batch_size)
+    lengths = dict(chosen_length=arrays["chosen_mask"].sum(1), rejected_length=arrays["rejected_mask"].sum(1))
+    loss, m = dpo_loss(pc, pr, arrays["ref_chosen"], arrays["ref_rejected"], beta=d.beta, loss_type=d.loss_type,
+                       label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha, **lengths)
+    out = {k: float(v) for k, v in m.items()}
+    out["loss"] = float(jnp.mean(loss))
+    right = (d.beta * (pc - arrays["ref_chosen"]) > d.beta * (pr - arrays["ref_rejected"])).astype(np.float64)
+    return out, right
+
+
+def _ppl_arrays(heldout: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"prompt_ids": heldout["prompt_ids"], "prompt_mask": heldout["prompt_mask"],
+            "response_ids": heldout["chosen_ids"], "response_mask": heldout["chosen_mask"]}
+
+
+def _ppl(run: DPORun, params) -> float:
+    from jaxppo.trainer.evaluation import heldout_perplexity
+
+    arr = _ppl_arrays(run.heldout)
+    if arr["prompt_ids"].shape[0] == 0 or arr["response_mask"].sum() == 0:
+        return float("nan")
+    return heldout_perplexity(run.policy(params), arr, batch_size=run.cfg.data.behaviour_batch_size)
+
+
+def _meta(run: DPORun, guards) -> dict[str, Any]:
+    return {"guards": guards.state_dict(), "config": to_dict(run.cfg),
+            "data": {"n_train": int(run.train["prompt_ids"].shape[0]),
+                     "n_heldout": int(run.heldout["prompt_ids"].shape[0])}}
+
+
+def _rollback(run: DPORun, ckpt: Checkpointer, state: DPOState, step_no: int, mlog) -> DPOState:
+    ckpt.wait()
+    verified_only = ckpt.newest_verified() is not None
+    res = ckpt.restore_newest(state, verified_only=verified_only)
+    if res.step is None and verified_only:
+        res = ckpt.restore_newest(state)
+    if res.step is None:
+        logger.warning("step %d: rollback requested but no checkpoint exists", step_no)
+        return state
+    good = res.state
+    mlog.event(step_no, "rollback_restored", f"restored checkpoint step {res.step}", checkpoint_step=int(res.step),
+               data_cursor=int(good.data_cursor))
+    return state.replace(**{k: getattr(good, k) for k in ROLLBACK_FIELDS},
+                         nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
+
+
+def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
+    """Run the DPO job described by ``cfg``; returns (and writes) the summary dict."""
+    from jaxppo.trainer.guards import Guards
+    from jaxppo.trainer.metrics_log import MetricsLogger
+
+    t_start = time.perf_counter()
+    tc = cfg.trainer
+    out = Path(tc.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
+    run = build_dpo_run(cfg) if run is None else run
+    t_setup = time.perf_counter() - t_start
+    state = run.state
+    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=True)
+    guards = Guards(cfg.guards)
+    start = 0
+    if tc.resume == "never" and ckpt.all_steps():
+        ckpt.close()
+        raise ConfigError(f"trainer.resume=never but {ckpt.directory} already holds checkpoints {ckpt.all_steps()}; "
+                          "use another trainer.output_dir, delete them, or resume with trainer.resume=auto")
+    damaged = []
+    if tc.resume == "auto":
+        try:
+            resumed = ckpt.restore_newest(state)
+        except BaseException:
+            ckpt.close()
+            raise
+        damaged = resumed.damaged
+        if resumed.step is not None:
+            state, meta = resumed.state, resumed.meta
+            guards = Guards.from_state_dict(cfg.guards, meta["guards"])
+            start = int(meta["step"])
+            logger.info("resumed from %s step %d", ckpt.directory, start)
+    have_heldout = run.heldout["prompt_ids"].shape[0] > 0
+    if guards.ppl_baseline is None and have_heldout:
+        guards.check_perplexity(0, _ppl(run, state.actor))
+    mlog = MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tc.tensorboard,
+                         progress=tc.progress)
+    for bad_step, moved, why in damaged:
+        mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}", checkpoint_step=bad_step,
+                   moved_to=str(moved))
+    if start == 0:
+        ckpt.save(0, state, _meta(run, guards), verified=have_heldout)
+    cursor = int(state.data_cursor)
+    tokens_per_step = run.cfg.dpo.batch_size * 2 * (run.train["prompt_ids"].shape[1]
+                                                    + run.train["chosen_ids"].shape[1])
+    t_train0 = time.perf_counter()
+    compile_s = None
+    try:
+        for s in range(start, tc.total_steps):
+            batch = make_batch(run, cursor)
+            t0 = time.perf_counter()
+            state, metrics = run.step(state, batch)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            cursor += cfg.dpo.batch_size
+            dt = time.perf_counter() - t0
+            compile_s = dt if compile_s is None else compile_s
+            metrics["perf/step_time_s"] = dt
+            metrics["perf/throughput"] = tokens_per_step / max(dt, 1e-9)
+            step_no = s + 1
+            actions = list(guards.note_nan(step_no) if metrics["train/nan_skipped"] > 0
+                           else guards.note_finite(step_no))
+            ppl_checked = have_heldout and step_no % cfg.guards.ppl_every == 0
+            if ppl_checked:
+                metrics["eval/perplexity"] = _ppl(run, state.actor)
+                actions += guards.check_perplexity(step_no, metrics["eval/perplexity"])
+            if tc.eval_every and step_no % tc.eval_every == 0 and have_heldout:
+                ev, _ = pair_metrics(run, state.actor, run.heldout)
+                metrics.update({f"eval/{k}": v for k, v in ev.items()})
+            actions += guards.check(step_no, metrics)
+            mlog.log(step_no, metrics)
+            for act in actions:
+                mlog.event(step_no, act.kind, act.message, **act.data)
+                if act.kind == "rollback":
+                    state = _rollback(run, ckpt, state, step_no, mlog)
+                    cursor = int(state.data_cursor)
+            run.state = state
+            verified = ppl_checked and not any(a.kind == "rollback" for a in actions)
+            if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified:
+                if not ckpt.save(step_no, state, _meta(run, guards), verified=verified):
+                    mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
+        ckpt.wait()
+    finally:
+        mlog.close()
+        ckpt.close()
+    run.state = state
+    timing = dict(setup_s=t_setup, train_s=time.perf_counter() - t_train0, compile_s=compile_s or 0.0,
+                  start_step=start, t_start=t_start)
+    return finish_dpo(run, state, out, timing)
+
+
+def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any]) -> None:
+    """The PPO trainer's final before/after evaluation on the held-out prompts (module doc)."""
+    from jaxppo.data.tokenize import pad_id_of
+    from jaxppo.evaluate import _eos_ids
+    from jaxppo.rewards import reward_fn_from_config
+    from jaxppo.trainer.evaluation import bootstrap_ci, evaluate_policy, heldout_eval_prompts, prompt_means
+
+    cfg = run.cfg
+    rc = cfg.reward
+    if rc.kind == "model" and (not rc.model_path or not Path(rc.model_path).exists()):
+        msg = (f"reward.kind=model but there is no reward model at reward.model_path={rc.model_path!r}: skipping the "
+               "held-out reward evaluation (train one with `python -m jaxppo.reward train`); pair accuracy only")
+        logger.warning(msg)
+        print(f"warning: {msg}", flush=True)
+        summary["eval/reward_skipped"] = msg
+        return
+    samples = cfg.trainer.eval_samples
+    p_ids, p_mask = heldout_eval_prompts(run.heldout, cfg.trainer.eval_prompts, samples)
+    if p_ids.shape[0] == 0:
+        logger.warning("no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
+        return
+    reward_fn = reward_fn_from_config(rc)
+    ro = cfg.rollout
+    kw = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length), temperature=ro.temperature,
+              top_k=ro.top_k, top_p=ro.top_p, eos_token_id=_eos_ids(run.reference(), run.tokenizer),
+              pad_token_id=pad_id_of(run.tokenizer), batch_size=ro.batch_size)
+    key = jax.random.fold_in(jax.random.PRNGKey(cfg.trainer.seed), EVAL_KEY_SALT)
+    ref = run.reference()
+    before = evaluate_policy(ref, ref, run.tokenizer, p_ids, p_mask, reward_fn, key, **kw)
+    after = evaluate_policy(run.policy(state.actor), ref, run.tokenizer, p_ids, p_mask, reward_fn, key, **kw)
+    rb_s, ra_s = np.asarray(before["rewards"], np.float64), np.asarray(after["rewards"], np.float64)
+    rb, ra = prompt_means(rb_s, samples), prompt_means(ra_s, samples)
+    lo, hi = bootstrap_ci(rb, ra, seed=cfg.trainer.seed)
+    summary.update({"eval/n_prompts": int(rb.size), "eval/samples_per_prompt": samples,
+                    "eval/reward_before": float(rb.mean()), "eval/reward_after": float(ra.mean()),
+                    "eval/reward_gain": float(ra.mean() - rb.mean()), "eval/reward_gain_ci95": [float(lo), float(hi)],
+                    "eval/kl": float(after["kl"]), "eval/response_length_before": float(before["response_length"]),
+                    "eval/response_length_after": float(after["response_length"])})
+    with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as fh:
+        for i in range(rb_s.size):
+            fh.write(json.dumps({"prompt": after["prompts"][i], "before": before["responses"][i],
+                                 "after": after["responses"][i], "reward_before": float(rb_s[i]),
+                                 "reward_after": float(ra_s[i])}, ensure_ascii=False) + "\n")
+
+
+def finish_dpo(run: DPORun, state: DPOState, out: Path, timing: dict) -> dict[str, Any]:
+    """Final held-out pair accuracy (with a bootstrap interval over pairs), training-pair accuracy, the reward
+    evaluation, ``hf/`` export, plots and ``summary.json``."""
+    from jaxppo.trainer.evaluation import bootstrap_ci
+
+    cfg = run.cfg
+    summary: dict[str, Any] = {"steps": cfg.trainer.total_steps, "resumed_from": timing["start_step"],
+                               "n_train_pairs": int(run.train["prompt_ids"].shape[0]),
+                               "n_heldout_pairs": int(run.heldout["prompt_ids"].shape[0]),
+                               "nan_skipped_total": int(state.nan_total),
+                               "ref_logps_cache": (run.report.notes.get("behaviour_logprobs_cache", "off")
+                                                   if run.report is not None else "off"),
+                               "time/setup_s": timing["setup_s"], "time/train_s": timing["train_s"],
+                               "time/first_step_s": timing["compile_s"]}
+    t0 = time.perf_counter()
+    tr, right_tr = pair_metrics(run, state.actor, run.train)
+    summary.update({f"train/{k}": v for k, v in tr.items()})
+    if run.heldout["prompt_ids"].shape[0] > 0:
+        ev, right = pair_metrics(run, state.actor, run.heldout)
+        lo, hi = bootstrap_ci(np.zeros_like(right), right, seed=cfg.trainer.seed)
+        summary.update({f"eval/{k}": v for k, v in ev.items()})
+        summary["eval/rewards/accuracies_ci95"] = [lo, hi]
+    else:
+        logger.warning("no held-out pairs (data.eval_fraction=0?): no held-out pair accuracy")
+    _reward_eval(run, state, out, summary)
+    summary["time/eval_s"] = time.perf_counter() - t0
+    if cfg.trainer.save_hf:
+        from jaxppo.hf import save_pretrained
+
+        save_pretrained(run.policy(state.actor), out / "hf", tokenizer=run.tokenizer)
+    if cfg.trainer.plots and (out / "metrics.jsonl").is_file():
+        from jaxppo.trainer.dpo_plots import plot_dpo
+
+        summary["plots"] = [str(p) for p in plot_dpo(out / "metrics.jsonl", out / "plots", summary)]
+    summary["time/total_s"] = time.perf_counter() - timing["t_start"]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary
+
+
+__all__ = ["DPORun", "build_dpo_run", "check_dpo_config", "finish_dpo", "load_pairs", "make_batch", "pair_metrics",
+           "reference_logps", "train_dpo"]

@@ -1,0 +1,202 @@
+"""DPO train state, minibatch order and the jitted update step (pure functions over explicit pytrees).
+
+Layout of a batch of ``B`` pairs: ``prompt_ids``/``prompt_mask`` [B, P] (left padded), ``chosen_ids``/
+``chosen_mask`` and ``rejected_ids``/``rejected_mask`` [B, R] (right padded), ``ref_chosen``/``ref_rejected`` [B]
+(the frozen reference's summed response log-probs, computed once and cached). The policy's summed log-probs come
+from ONE forward over the ``[2B, P+R]`` stack ``concat(prompt, chosen)`` then ``concat(prompt, rejected)``::
+
+    logp_seq(y | x) = sum_t m_t · log π(y_t | x, y_<t)          (m = the answer's mask)
+
+and the loss is ``mean_pairs dpo_loss(...)`` (``jaxppo.ops.dpo_loss``, TRL's formulas). With
+``micro_batch_size`` the batch is cut into ``B / mb`` equal micro-batches whose gradients (and metrics) are
+averaged, which equals the full-batch mean because the micro-batches have equal size.
+
+Order of pairs: shuffled epochs. Pair ``c`` of the stream (``c = 0, 1, ...``; the state's ``data_cursor`` is the
+next one) is ``perm_e[c mod N]`` with ``e = c div N`` and ``perm_e = jax.random.permutation(fold_in(PRNGKey(seed),
+e), N)``: a function of (seed, cursor) only, so a resumed run draws the same batches.
+
+Step: the learning rate is ``lr_schedule(state.step)`` (as the PPO trainer), the update ``lr_scale ×`` AdamW's;
+a non-finite loss or gradient skips the update in-graph (parameters and optimizer state kept) and counts it in
+``nan_total``/``nan_streak`` (metric ``train/nan_skipped``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+
+from jaxppo.ops import dpo_loss
+from jaxppo.trainer.state import learning_rate_of, set_learning_rate
+
+PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
+             "ref_chosen", "ref_rejected")
+
+
+@struct.dataclass
+class DPOState:
+    step: jax.Array          # int32: update steps done (NaN-skipped ones included)
+    actor: Any               # nnx.State of the policy CausalLM
+    actor_opt: Any           # optax state of make_optimizer(actor.optim)
+    lr_scale: jax.Array      # guard LR multiplier (1 = as configured)
+    nan_total: jax.Array     # int32: skipped updates
+    nan_streak: jax.Array    # int32: consecutive skipped updates
+    data_cursor: jax.Array   # int32: index of the next pair in the shuffled-epoch stream
+
+    @property
+    def critic(self) -> dict:
+        """No critic (the checkpointer's finiteness check reads ``state.critic``)."""
+        return {}
+
+
+@struct.dataclass
+class DPOHParams:
+    """Frozen hyper-parameters of the step (static under jit)."""
+
+    beta: float = struct.field(pytree_node=False)
+    loss_type: str = struct.field(pytree_node=False)
+    label_smoothing: float = struct.field(pytree_node=False)
+    rpo_alpha: float = struct.field(pytree_node=False)
+    micro_batch_size: int = struct.field(pytree_node=False)
+
+    @classmethod
+    def from_config(cls, dpo_cfg: Any) -> "DPOHParams":
+        return cls(beta=float(dpo_cfg.beta), loss_type=str(dpo_cfg.loss_type),
+                   label_smoothing=float(dpo_cfg.label_smoothing), rpo_alpha=float(dpo_cfg.rpo_alpha),
+                   micro_batch_size=int(dpo_cfg.micro_batch_size or dpo_cfg.batch_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_perm(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.asarray(jax.random.permutation(jax.random.fold_in(jax.random.PRNGKey(seed), epoch), n))
+
+
+def batch_indices(seed: int, cursor: int, batch_size: int, n: int) -> np.ndarray:
+    """Pair indices ``[batch_size]`` of the stream positions ``cursor .. cursor+batch_size-1`` (module doc)."""
+    if n < 1:
+        raise ValueError(f"batch_indices: no pairs (n={n})")
+    if cursor < 0 or batch_size < 1:
+        raise ValueError(f"batch_indices: need cursor >= 0 and batch_size >= 1, got {cursor}, {batch_size}")
+    c = np.arange(cursor, cursor + batch_size, dtype=np.int64)
+    return np.array([_epoch_perm(int(seed), int(e), int(n))[p] for e, p in zip(c // n, c % n)], dtype=np.int64)
+
+
+def pair_stack(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(prompt_ids, prompt_mask, response_ids, response_mask)`` of the ``[2B]`` stack: chosen rows, then rejected."""
+    p_ids = jnp.concatenate([batch["prompt_ids"], batch["prompt_ids"]], 0)
+    p_mask = jnp.concatenate([batch["prompt_mask"], batch["prompt_mask"]], 0)
+    r_ids = jnp.concatenate([batch["chosen_ids"], batch["rejected_ids"]], 0)
+    r_mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]], 0)
+    return p_ids, p_mask, r_ids, r_mask
+
+
+def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """``(logp_chosen [B], logp_rejected [B])``: summed response log-probs, one forward over ``[2B, P+R]``."""
+    model = nnx.merge(graphdef, params)
+    lp = model.continuation_logprobs(*pair_stack(batch)).sum(axis=1)
+    b = batch["prompt_ids"].shape[0]
+    return lp[:b], lp[b:]
+
+
+def pair_loss(graphdef: Any, params: Any, batch: dict[str, jax.Array],
+              hp: DPOHParams) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``mean_pairs dpo_loss`` of ``batch`` under ``params`` and TRL's metrics (``loss`` included)."""
+    pc, pr = policy_pair_logps(graphdef, params, batch)
+    lengths = {}
+    if hp.loss_type in ("ipo", "sigmoid_norm") or hp.rpo_alpha > 0:
+        lengths = dict(chosen_length=batch["chosen_mask"].sum(1), rejected_length=batch["rejected_mask"].sum(1))
+    loss, metrics = dpo_loss(pc, pr, batch["ref_chosen"], batch["ref_rejected"], beta=hp.beta,
+                             loss_type=hp.loss_type, label_smoothing=hp.label_smoothing, rpo_alpha=hp.rpo_alpha,
+                             **lengths)
+    loss = loss.mean()
+    return loss, {**metrics, "loss": loss}
+
+
+def _tree_finite(tree: Any) -> jax.Array:
+    leaves = jax.tree.leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else jnp.bool_(True)
+
+
+def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, hp: DPOHParams, *,
+                  state_shardings: Any = None, batch_shardings: Any = None):
+    """Jitted ``(state, batch) -> (state, metrics)`` with the state donated (module doc)."""
+
+    def grads_of(params, batch):
+        b = batch["prompt_ids"].shape[0]
+        mb = hp.micro_batch_size
+        if b % mb:
+            raise ValueError(f"batch of {b} pairs is not a multiple of micro_batch_size={mb}")
+        fn = jax.value_and_grad(lambda p, x: pair_loss(graphdef, p, x, hp), has_aux=True)
+        if mb == b:
+            (_, metrics), grads = fn(params, batch)
+            return grads, metrics
+        micro = jax.tree.map(lambda x: x.reshape((b // mb, mb) + x.shape[1:]), batch)
+
+        def body(acc, x):
+            (_, m), g = fn(params, x)
+            return jax.tree.map(jnp.add, acc, (g, m)), None
+
+        zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: fn(params, jax.tree.map(lambda x: x[0], micro))))
+        zero = (zero[1], zero[0][1])
+        (g, m), _ = jax.lax.scan(body, zero, micro)
+        k = b // mb
+        return jax.tree.map(lambda x: x / k, g), jax.tree.map(lambda x: x / k, m)
+
+    def step(state: DPOState, batch: dict[str, jax.Array]):
+        lr = schedule(state.step)
+        opt = set_learning_rate(state.actor_opt, lr)
+        grads, metrics = grads_of(state.actor, batch)
+        finite = jnp.isfinite(metrics["loss"]) & _tree_finite(grads)
+        safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+        updates, new_opt = tx.update(safe_grads, opt, state.actor)
+        updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
+        new_params = optax.apply_updates(state.actor, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        skipped = (~finite).astype(jnp.int32)
+        new_state = state.replace(
+            step=state.step + 1, actor=keep(new_params, state.actor), actor_opt=keep(new_opt, opt),
+            nan_total=state.nan_total + skipped, nan_streak=jnp.where(finite, 0, state.nan_streak + 1),
+            data_cursor=state.data_cursor + batch["prompt_ids"].shape[0])
+        metrics = dict(metrics, grad_norm=optax.global_norm(grads), learning_rate=learning_rate_of(opt) *
+                       state.lr_scale, **{"train/nan_skipped": skipped.astype(jnp.float32)})
+        return new_state, metrics
+
+    kw = {}
+    if state_shardings is not None:
+        kw = dict(in_shardings=(state_shardings, batch_shardings), out_shardings=(state_shardings, None))
+    return jax.jit(step, donate_argnums=(0,), **kw)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _pair_logps_jit(graphdef, params, batch):
+    return policy_pair_logps(graphdef, params, batch)
+
+
+def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_size: int) -> tuple[np.ndarray,
+                                                                                                   np.ndarray]:
+    """Summed policy log-probs ``(chosen [N], rejected [N])`` of all pairs of ``arrays`` (batched, one compiled
+    shape: the last batch is padded with copies of its first row and cut)."""
+    n = arrays["prompt_ids"].shape[0]
+    if n == 0:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    bs = min(batch_size, n)
+    keys = PAIR_KEYS[:6]
+    out_c, out_r = [], []
+    for s in range(0, n, bs):
+        chunk = {k: np.asarray(arrays[k][s:s + bs]) for k in keys}
+        m = chunk["prompt_ids"].shape[0]
+        if m < bs:
+            chunk = {k: np.concatenate([v, np.repeat(v[:1], bs - m, axis=0)]) for k, v in chunk.items()}
+        c, r = _pair_logps_jit(graphdef, params, chunk)
+        out_c.append(np.asarray(c)[:m])
+        out_r.append(np.asarray(r)[:m])
+    return np.concatenate(out_c).astype(np.float32), np.concatenate(out_r).astype(np.float32)
+
+
+__all__ = ["DPOHParams", "DPOState", "PAIR_KEYS", "batch_indices", "make_dpo_step", "pair_logps", "pair_loss",
+           "pair_stack", "policy_pair_logps"]
