@@ -299,7 +299,7 @@ def _finish(run: Run, state, evaluator: _Evaluator, out: Path, timing: dict) -> 
     if cfg.trainer.plots and (out / "metrics.jsonl").is_file():
         from jaxppo.trainer.plots import plot_metrics
 
-        summary["plots"] = [str(p) for p in plot_metrics(out / "metrics.jsonl", out / "plots")]
+        summary["plots"] = [str(p) for p in plot_metrics(out / "metrics.jsonl", out / "plots", summary=summary)]
     summary["time/total_s"] = time.perf_counter() - timing["t_start"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
