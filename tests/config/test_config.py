@@ -28,7 +28,9 @@ def test_defaults_follow_the_source_article():
     assert cfg.critic.ppo_epochs == 4
     assert cfg.actor.kl_loss_coef == 0.001 and cfg.actor.kl_loss_type == "k1+"
     assert cfg.replay.alpha == 0.6 and cfg.replay.beta0 == 0.4 and cfg.replay.refresh_every == 100
-    assert cfg.guards.kl_threshold == 0.05 and cfg.guards.kl_lr == 1e-6
+    assert cfg.guards.kl_threshold == 0.05
+    # the KL guard cuts the LR relative to the current one (an absolute kl_lr only when set)
+    assert cfg.guards.kl_lr is None and cfg.guards.kl_lr_factor == 0.1
 
 
 def test_yaml_then_dotted_overrides(tmp_path):
