@@ -9,9 +9,13 @@ For every buffer slot (``[N, R]`` arrays, ``m`` the response mask):
 - ``(A, G) = ops.gae(r, V, m, γ, λ)``; with ``algorithm.norm_adv`` ``A`` is whitened over the valid
   tokens of the whole buffer (``ops.masked_whiten``) and re-masked;
 - TD residuals ``δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t`` and the per-sequence priority
-  ``p_i = agg_t |δ_t|`` (mean or max over the mask); the buffer stores ``(p_i·f_i + ε)^α``
-  (proportional) with ``f_i`` the PF-PPO filter weight; slots with ``f_i = 0`` get 0 (never sampled).
-  Uniform sampling stores ``f_i`` itself (so PF-PPO filters still apply) and never writes priorities.
+  ``p_i = agg_t |δ_t|`` (mean or max over the mask). With ``f_i`` the PF-PPO filter weight, the buffer
+  stores ``f_i·(p_i + ε)^α`` (proportional: sampling ``P(i) ∝ f_i·(p_i+ε)^α``) or ``(p_i + ε)·[f_i > 0]``
+  (rank); slots with ``f_i = 0`` get 0 (never sampled). The step's PER weights then correct only the
+  priority part, so the expected gradient share of item ``i`` is ``∝ f_i·P_prio(i)^(1−β)`` at every β
+  (the filter preference survives at β = 1; ``jaxppo.replay.filtered``).
+  Uniform sampling stores ``f_i`` itself (``P(i) ∝ f_i``, weights 1: share ``∝ f_i``) and never writes
+  priorities.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
-from jaxppo.replay.state import stored_priority
+from jaxppo.replay.filtered import filtered_stored_priority
 from jaxppo.trainer.forward import logp_entropy, response_logits_values
 
 
@@ -118,7 +122,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
                        returns=ret * m)
         rs = state.replay.replace(storage=storage)
         if prioritized:
-            stored = jnp.where(fw > 0, stored_priority(rs, prio * fw), 0.0)
+            stored = filtered_stored_priority(rs, prio, fw)
         else:
             stored = fw
         idx = jnp.arange(fw.shape[0], dtype=jnp.int32)

@@ -7,10 +7,16 @@ in-reward KL coefficient (fixed/adaptive controller state), the LR scale set by 
 step/NaN counters and the data cursor. ``share_trunk=True``: ``critic`` holds only a value head that
 reads the actor's hidden states.
 
-Optimizers: ``clip_by_global_norm(grad_clip) -> adamw(schedule)``; the schedule is a linear warmup
-from 0 to ``lr`` over ``warmup_steps`` then ``constant`` / ``cosine`` / ``linear`` decay to
-``min_lr_ratio·lr`` at ``total_steps``. The guards' LR cut multiplies the actor's update by
-``lr_scale`` (exactly a learning-rate change for adamw, whose update is ``-lr·(adam + wd·θ)``).
+Optimizers: ``clip_by_global_norm(grad_clip) -> adamw(learning_rate)`` with the learning rate an
+injected hyper-parameter (``optax.inject_hyperparams``) held in the optimizer state. The train step sets
+it with :func:`set_learning_rate` to ``lr_schedule(state.step)`` before its epochs, so the schedule
+advances once per train step, not once per optimizer update (``ppo_epochs`` updates per step all use
+the same LR; optax's own update count would run the schedule ``ppo_epochs`` times too fast). The
+schedule is a linear warmup from 0 to ``lr`` over ``warmup_steps`` then ``constant`` / ``cosine`` /
+``linear`` decay to ``min_lr_ratio·lr`` at ``total_steps``; ``state.step`` counts every step call,
+NaN-skipped ones included, so a skipped step uses up one schedule step. The guards' LR cut multiplies
+the actor's update by ``lr_scale`` (exactly a learning-rate change for adamw, whose update is
+``-lr·(adam + wd·θ)``: the weight decay scales with the injected LR exactly as with a schedule).
 """
 
 from __future__ import annotations
@@ -62,10 +68,43 @@ def lr_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
 
 
 def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
+    """``clip_by_global_norm → adamw`` whose ``learning_rate`` lives in the optimizer state (initialised to
+    ``lr_schedule(0)``; the train step sets it per step with :func:`set_learning_rate`). ``total_steps`` is
+    only used for that initial value."""
     b1, b2 = optim_cfg.betas
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("b1", "b2", "eps", "eps_root", "weight_decay",
+                                                               "mu_dtype", "mask", "nesterov"))
+    lr0 = float(lr_schedule(optim_cfg, total_steps)(0))
     return optax.chain(optax.clip_by_global_norm(float(optim_cfg.grad_clip)),
-                       optax.adamw(lr_schedule(optim_cfg, total_steps), b1=float(b1), b2=float(b2),
-                                   eps=float(optim_cfg.eps), weight_decay=float(optim_cfg.weight_decay)))
+                       adamw(learning_rate=lr0, b1=float(b1), b2=float(b2), eps=float(optim_cfg.eps),
+                             weight_decay=float(optim_cfg.weight_decay)))
+
+
+_INJECTED = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
+
+
+def set_learning_rate(opt_state, lr: jax.Array | float):
+    """``opt_state`` (of :func:`make_optimizer`) with its injected ``learning_rate`` set to ``lr``."""
+    found = []
+
+    def fix(x):
+        if isinstance(x, _INJECTED) and "learning_rate" in x.hyperparams:
+            found.append(True)
+            cur = x.hyperparams["learning_rate"]
+            return x._replace(hyperparams={**x.hyperparams, "learning_rate": jnp.asarray(lr, cur.dtype)})
+        return x
+    out = jax.tree.map(fix, opt_state, is_leaf=lambda x: isinstance(x, _INJECTED))
+    if not found:
+        raise ValueError("optimizer state has no injected learning_rate (not built by make_optimizer?)")
+    return out
+
+
+def learning_rate_of(opt_state) -> jax.Array:
+    """The injected ``learning_rate`` held in ``opt_state`` (the one its next update applies)."""
+    for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _INJECTED)):
+        if isinstance(x, _INJECTED) and "learning_rate" in x.hyperparams:
+            return x.hyperparams["learning_rate"]
+    raise ValueError("optimizer state has no injected learning_rate (not built by make_optimizer?)")
 
 
 def make_critic(actor_model, *, share_trunk: bool, seed: int):

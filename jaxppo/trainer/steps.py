@@ -3,14 +3,27 @@
 1. Minibatch of ``B = actor.ppo_mini_batch_size`` sequences from the replay buffer, key
    ``fold_in(state.rng, state.step)``: prioritized with ``β = linear_beta(step, β0, beta_steps)``, or
    uniform (``replay.sampling=uniform``: stored priorities are the PF-PPO filter weights, ``β = 0`` so
-   ``w_i = 1``). With ``pf_ppo.reweight_method`` the minibatch is resampled with verl's batch weights.
+   ``w_i = 1``). PF-PPO filter weights ``f_i`` under prioritized replay (``jaxppo.replay.filtered``): the
+   buffer samples with ``P(i) ∝ f_i·q_i`` (``q_i = (p_i+ε)^α``) and ``w_i = (q_min/q_i)^β`` corrects only the
+   priority part, so the expected gradient share ``P(i)·w_i ∝ f_i·q_i^(1−β)`` keeps ``∝ f_i`` at β = 1 (rank
+   prioritization: sampled by rank, ``w_i = w_rank,i·f_i/max f``).
+   With ``pf_ppo.reweight_method`` (verl's batch-level resampling with replacement, ``P(j) ∝ r_j``) the
+   minibatch is NOT gathered: each sampled row carries its resample count ``c_i`` as a loss weight,
+   ``c_i·Z`` with ``Z = Σ_i u_i / Σ_i c_i u_i`` (``u_i`` = valid tokens for ``token-mean``, ``[u_i>0]`` for the
+   ``seq-mean-*`` modes), so each loss equals the loss of the resampled batch exactly (per micro-batch), and
+   every sampled row (count 0 included) gets a fresh priority from the same forward (item 5).
+   Statistics metrics (clip fractions, ``is/*``, means) are over the distinct sampled rows.
 2. Fresh log-probs/entropy/values; behaviour correction ``ρ = ops.importance_weights(prox, μ)``
-   (``importance.enabled=false``: ``ρ = 1``); loss weights ``sg(w_i·ρ_t)``.
+   (``importance.enabled=false``: ``ρ = 1``; then ``is/*`` describe the applied weights, all 1, and the
+   weights that would be applied are logged as ``is_diag/*``); loss weights ``sg(w_i·c_i·ρ_t)``.
 3. Losses: actor ``pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref))``, critic ``c_v·vf`` with the value loss
    weighted by the PER weights ``w_i`` (separate models: two independent losses, ``c_v`` only scales
    the critic's gradient; ``critic.share_trunk``: one joint loss, the sum). Gradients are accumulated
    over ``B / ppo_micro_batch_size`` micro-batches (``lax.scan``, mean of micro-batch gradients); each
-   model has ``clip_by_global_norm → adamw``.
+   model has ``clip_by_global_norm → adamw``. The learning rates are set in the optimizer states before the
+   epochs to ``lr_schedule(state.step)`` (``state.step`` counts every step, NaN-skipped ones included), so
+   all epochs of a step use the same LR and the schedule advances once per step; ``actor/lr`` (times the
+   guards' ``lr_scale``) and ``critic/lr`` are exactly the LRs applied.
    **Epochs**: on the one sampled minibatch the actor takes ``actor.ppo_epochs`` and the critic
    ``critic.ppo_epochs`` consecutive optimizer updates (``lax.scan`` over a static count, so the step
    compiles once); with ``share_trunk`` the joint loss takes ``actor.ppo_epochs`` updates
@@ -19,9 +32,12 @@
    same in every epoch while the PPO ratio ``π_θ/π_prox`` moves.
 4. Non-finite loss or gradient norm in any epoch: the whole step is skipped in-graph (old params, optimizer and
    replay state kept), ``nan_total``/``nan_streak`` count it, metric ``train/nan_skipped`` = 1.
-5. Priorities of the sampled slots get the per-sequence ``agg_t|δ_t|`` (times the filter weight) of the
-   values the critic had at the start of its **last** epoch (with one epoch: the values before the update).
-6. Adaptive KL controller: ``β ← ops.adaptive_kl_update(β, kl(prox, ref), B, target, horizon)``.
+5. Priorities of every sampled slot get the per-sequence ``agg_t|δ_t|`` of the values the critic had at
+   the start of its **last** epoch (with one epoch: the values before the update), stored with the filter
+   weight as in prepare (``filtered_stored_priority``: ``f·(|δ|+ε)^α``).
+6. ``algorithm/kl`` = ``masked_mean(kl(π_θ, ref))`` of the CURRENT policy on the minibatch (the actor's
+   fresh log-probs, mean over its epochs; not the prox snapshot's KL, which is constant between
+   refreshes); the adaptive KL controller ``β ← ops.adaptive_kl_update(β, algorithm/kl, B, target, horizon)``.
 
 ``replay/sample_efficiency`` = share of the minibatch whose effective weight ``w_i · mean_t ρ_t`` is
 above 0.1 (non-negligible contribution to the gradient).
@@ -41,7 +57,8 @@ from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
 from jaxppo.trainer.prepare import sequence_priority, td_residuals
-from jaxppo.trainer.state import TrainState, lr_schedule
+from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
+from jaxppo.trainer.state import TrainState, lr_schedule, set_learning_rate
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
 
@@ -67,19 +84,46 @@ def _importance(cfg, prox, behaviour, m):
     return rho, met
 
 
+def _is_metrics(cfg, ism) -> dict:
+    """``is/*`` describe the weights applied; with ``importance.enabled=false`` those are all 1 (ESS 1, mean
+    and max 1, nothing clipped) and the weights that WOULD be applied are logged as ``is_diag/*``."""
+    names = ("ess", "weight_mean", "weight_max", "clipped_frac")
+    if cfg.importance.enabled:
+        return {f"is/{k}": ism[k] for k in names}
+    ones = {"ess": 1.0, "weight_mean": 1.0, "weight_max": 1.0, "clipped_frac": 0.0}
+    return {**{f"is/{k}": jnp.float32(ones[k]) for k in names}, **{f"is_diag/{k}": ism[k] for k in names}}
+
+
+def count_weights(counts: jax.Array | None, mask: jax.Array, agg: str) -> jax.Array:
+    """``[B, 1]`` loss weights ``c_i·Z`` that make ``agg`` over the distinct rows equal ``agg`` over the batch in
+    which row ``i`` appears ``c_i`` times: ``Z = Σ_i u_i / Σ_i c_i u_i`` with ``u_i = Σ_t m_it`` (token-mean) or
+    ``[Σ_t m_it > 0]`` (seq-mean-*); ``Z = 0`` when ``Σ c_i u_i = 0``. ``counts=None``: all 1."""
+    if counts is None:
+        return jnp.ones((mask.shape[0], 1), jnp.float32)
+    n = mask.astype(jnp.float32).sum(-1)
+    u = n if agg == "token-mean" else (n > 0).astype(jnp.float32)
+    c = counts.astype(jnp.float32)
+    den = jnp.sum(c * u)
+    z = jnp.where(den > 0, jnp.sum(u) / jnp.where(den > 0, den, 1.0), 0.0)
+    return (c * z)[:, None]
+
+
 def actor_terms(cfg: Any, logits: jax.Array, items, w: jax.Array):
-    """``(pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]``."""
+    """``(pg(w·c·ρ) − c_H·H_c + c_KL·agg_c(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]``
+    (``c``: :func:`count_weights` of ``items["pf_count"]`` when present, else 1; ``agg_c`` the aggregation
+    with those weights). ``algorithm/kl`` is the current policy's ``masked_mean(kl(π_θ, ref))``."""
     a, alg = cfg.actor, cfg.algorithm
     m = items["response_mask"].astype(jnp.float32)
     logp, ent = logp_entropy(logits, items["response_ids"], items["response_mask"])
     prox = items["prox_logp"]
     rho, ism = _importance(cfg, prox, items["behaviour_logprobs"], m)
-    weights = jax.lax.stop_gradient(w[:, None] * rho)
+    cw = count_weights(items.get("pf_count"), m, a.loss_agg_mode)
+    weights = jax.lax.stop_gradient(w[:, None] * cw * rho)
     pg_loss, pgm = ops.policy_loss(logp, prox, items["advantages"], m, clip_low=a.clip_low,
                                    clip_high=a.clip_high, clip_c=a.clip_ratio_c, agg=a.loss_agg_mode,
                                    weights=weights)
-    entropy = ops.aggregate(ent, m, a.loss_agg_mode)
-    kl_loss = ops.aggregate(ops.kl_penalty(logp, items["ref_logp"], a.kl_loss_type), m, a.loss_agg_mode)
+    entropy = ops.aggregate(ent * cw, m, a.loss_agg_mode)
+    kl_loss = ops.aggregate(ops.kl_penalty(logp, items["ref_logp"], a.kl_loss_type) * cw, m, a.loss_agg_mode)
     total = pg_loss - a.entropy_coeff * entropy
     if a.use_kl_loss:
         total = total + a.kl_loss_coef * kl_loss
@@ -91,22 +135,24 @@ def actor_terms(cfg: Any, logits: jax.Array, items, w: jax.Array):
         "critic/advantages/mean": ops.masked_mean(items["advantages"], m),
         "critic/score/mean": jnp.mean(items["score"]),
         "response_length/mean": jnp.mean(m.sum(-1)),
-        "is/ess": ism["ess"], "is/weight_mean": ism["weight_mean"], "is/weight_max": ism["weight_max"],
-        "is/clipped_frac": ism["clipped_frac"],
+        **_is_metrics(cfg, ism),
         "replay/sample_efficiency": jnp.mean((w * seq_rho > SAMPLE_EFFICIENCY_THRESHOLD).astype(jnp.float32)),
         "replay/per_weight_mean": jnp.mean(w),
-        "algorithm/kl": ops.masked_mean(ops.kl_penalty(prox, items["ref_logp"], alg.kl_penalty), m),
+        "algorithm/kl": ops.masked_mean(ops.kl_penalty(jax.lax.stop_gradient(logp), items["ref_logp"],
+                                                       alg.kl_penalty), m),
     }
     return total, aux
 
 
 def critic_terms(cfg: Any, values: jax.Array, items, w: jax.Array):
-    """``(vf_loss (PER-weighted, clipped), metrics, priority [B] = agg_t|δ_t| of these values)``."""
+    """``(vf_loss (weighted by w·c, clipped), metrics, priority [B] = agg_t|δ_t| of these values)``
+    (``c``: :func:`count_weights` of ``items["pf_count"]`` when present)."""
     c, alg = cfg.critic, cfg.algorithm
     m = items["response_mask"].astype(jnp.float32)
     values = values * m
+    cw = count_weights(items.get("pf_count"), m, c.loss_agg_mode)
     vf_loss, vfm = ops.value_loss(values, items["values"], items["returns"], m, clip=c.cliprange_value,
-                                  agg=c.loss_agg_mode, weights=jax.lax.stop_gradient(w[:, None]))
+                                  agg=c.loss_agg_mode, weights=jax.lax.stop_gradient(w[:, None] * cw))
     sv = jax.lax.stop_gradient(values)
     delta = td_residuals(items["token_rewards"], sv, m, alg.gamma)
     aux = {
@@ -259,19 +305,21 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         k_sample, k_pf = jax.random.split(key)
         beta = replay_lib.linear_beta(state.step, rc.beta0, beta_steps) if prioritized else jnp.float32(0.0)
         smp = replay_lib.sample(state.replay, k_sample, B, beta=beta)
-        items, w, idx = smp.items, smp.weights, smp.indices
-        if not prioritized:
-            w = jnp.ones_like(w)
-        if reweight:
+        items, idx = dict(smp.items), smp.indices
+        if prioritized:
+            w = filtered_weights(state.replay, smp, state.replay.storage["filter_w"], beta)
+        else:
+            w = jnp.ones_like(smp.weights)
+        if reweight:     # verl's resample, as per-row counts (module docstring, item 1)
             sel = replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(items["score"], pf.reweight_method,
                                                                              pf.weight_pow))
-            items = jax.tree.map(lambda x: x[sel], items)
-            w, idx = w[sel], idx[sel]
+            items["pf_count"] = jnp.zeros((B,), jnp.float32).at[sel].add(1.0)
+        lrs = {"actor": actor_lr(state.step), "critic": critic_lr(state.step)}
 
         new_fields, metrics, finite, prio, loss = {}, {}, jnp.bool_(True), None, jnp.float32(0.0)
         for ph, update in phases:
             params = tuple(getattr(state, f) for f in ph.fields)
-            opts = tuple(getattr(state, opt_field[f]) for f in ph.fields)
+            opts = tuple(set_learning_rate(getattr(state, opt_field[f]), lrs[f]) for f in ph.fields)
             scales = tuple(state.lr_scale if f == "actor" else None for f in ph.fields)
             p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, scales, items, w)
             for f, pi, oi, n in zip(ph.fields, p, o, norms):
@@ -286,7 +334,8 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
 
         rs = state.replay
         if prioritized:
-            rs = replay_lib.update_priorities(rs, idx, prio * items["filter_w"])
+            rs = replay_lib.set_priorities(rs, idx, filtered_stored_priority(rs, prio, items["filter_w"]),
+                                           refresh=False)
         kl_coef = state.kl_coef
         if kc.type == "adaptive":
             kl_coef = ops.adaptive_kl_update(kl_coef, metrics["algorithm/kl"], B, target=kc.target_kl,
@@ -302,7 +351,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         )
         rm = replay_lib.metrics(new.replay)
         metrics.update({
-            "actor/lr": actor_lr(state.step) * state.lr_scale, "critic/lr": critic_lr(state.step),
+            "actor/lr": lrs["actor"] * state.lr_scale, "critic/lr": lrs["critic"],
             "actor/kl_coef": jnp.float32(a.kl_loss_coef if a.use_kl_loss else 0.0),
             "algorithm/kl_coef": new.kl_coef,
             "replay/priority_mean": rm["priority_mean"], "replay/priority_max": rm["priority_max"],

@@ -100,7 +100,9 @@ def test_ppo_epochs_equal_repeated_updates_on_one_minibatch(make_cfg):
     critic epoch) after call 3; metrics are the means over each model's epochs."""
     from jaxppo.trainer.state import shardings_of
 
-    ref = build_run(make_cfg("actor.ppo_epochs=1", "critic.ppo_epochs=1"), devices=jax.devices()[:1])
+    # no warm-up: every epoch of a step uses lr_schedule(state.step), and the step is reset to 0 below
+    nowarm = ("actor.optim.warmup_steps=0", "critic.optim.warmup_steps=0")
+    ref = build_run(make_cfg("actor.ppo_epochs=1", "critic.ppo_epochs=1", *nowarm), devices=jax.devices()[:1])
     s = ref.prepare(ref.state)
     host0, sh0 = jax.device_get(s), shardings_of(s)
     after, ms = [], []
@@ -111,7 +113,7 @@ def test_ppo_epochs_equal_repeated_updates_on_one_minibatch(make_cfg):
         s = jax.tree.map(jax.device_put, after[-1].replace(step=host0.step, replay=host0.replay), sh0)
     assert not _leaves_equal(after[0].actor, after[1].actor)     # a second update on the batch moves the actor
 
-    run = build_run(make_cfg("actor.ppo_epochs=2", "critic.ppo_epochs=3"), devices=jax.devices()[:1])
+    run = build_run(make_cfg("actor.ppo_epochs=2", "critic.ppo_epochs=3", *nowarm), devices=jax.devices()[:1])
     s2, m2 = run.step(run.prepare(run.state))
     s2 = jax.device_get(s2)
     close = dict(rtol=1e-5, atol=1e-6)
@@ -149,3 +151,89 @@ def test_dataset_larger_than_buffer_moves_window_by_window(make_cfg):
         state, m = run.step(state)
         assert m["train/nan_skipped"] == 0.0
     assert run.step._cache_size() == 1 and run.prepare._cache_size() == 1
+
+
+def test_lr_follows_the_train_step_not_the_update_count(make_cfg):
+    """critic.optim.warmup_steps=4 with critic.ppo_epochs=4: the critic LR applied at steps 0..5 is the
+    schedule at 0..5 (before the fix optax's count advanced 4x per step: the critic moved at step 0, where
+    the warm-up LR is 0); actor/lr and critic/lr log exactly the applied LR; a NaN-skipped step keeps the
+    old optimizer state and the schedule still follows state.step (skipped steps count)."""
+    from jaxppo.trainer.state import learning_rate_of, lr_schedule
+
+    cfg = make_cfg("critic.optim.warmup_steps=4", "critic.ppo_epochs=4", "critic.optim.schedule=linear",
+                   "actor.optim.schedule=cosine")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    a_lr = lr_schedule(cfg.actor.optim, cfg.trainer.total_steps)
+    c_lr = lr_schedule(cfg.critic.optim, cfg.trainer.total_steps)
+    state = run.prepare(run.state)
+    critic0 = jax.tree.map(lambda x: np.asarray(x).copy(), state.critic)
+    kls = []
+    for s in range(6):
+        state, m = run.step(state)
+        if s == 0:       # warm-up LR 0 in all four epochs of step 0: the critic did not move
+            assert float(c_lr(0)) == 0.0 and _leaves_equal(critic0, state.critic)
+        assert float(m["critic/lr"]) == pytest.approx(float(c_lr(s)), rel=1e-6, abs=0)
+        assert float(m["actor/lr"]) == pytest.approx(float(a_lr(s)), rel=1e-6, abs=0)
+        assert float(learning_rate_of(state.critic_opt)) == pytest.approx(float(c_lr(s)), rel=1e-6, abs=0)
+        assert float(learning_rate_of(state.actor_opt)) == pytest.approx(float(a_lr(s)), rel=1e-6, abs=0)
+        kls.append(float(m["algorithm/kl"]))
+    # algorithm/kl is the current policy's KL to the reference (no refresh in between): ~0 while the policy
+    # is still the reference (actor warm-up: LR 0 at step 0), then it grows as the policy moves
+    assert abs(kls[0]) < 1e-5 and abs(kls[5]) > 10 * max(abs(kls[0]), 1e-7) and kls[5] != kls[4]
+
+    adv = state.replay.storage["advantages"]
+    good, sharding = np.asarray(adv).copy(), adv.sharding
+    opt_before = jax.tree.map(lambda x: np.asarray(x).copy(), state.critic_opt)
+    st = dict(state.replay.storage, advantages=jnp.full_like(adv, jnp.nan))
+    state, m = run.step(state.replace(replay=state.replay.replace(storage=st)))
+    assert m["train/nan_skipped"] == 1.0 and int(state.step) == 7
+    assert _leaves_equal(opt_before, state.critic_opt)              # old LR and moments kept
+    st = dict(state.replay.storage, advantages=jax.device_put(good, sharding))   # (the step donates its input)
+    state, m = run.step(state.replace(replay=state.replay.replace(storage=st)))
+    assert m["train/nan_skipped"] == 0.0
+    assert float(learning_rate_of(state.critic_opt)) == pytest.approx(float(c_lr(7)), rel=1e-6)
+    assert float(m["critic/lr"]) == pytest.approx(float(c_lr(7)), rel=1e-6)
+
+
+def test_pf_weights_and_every_sampled_priority_are_fresh(make_cfg):
+    """PF-PPO pow filter under prioritized replay + verl's batch-level resample: the step's PER weights are
+    ``filtered_weights`` of its draw (the priority part only), and after the step EVERY sampled slot (also
+    those the resample dropped) holds the fresh ``f·(agg|δ| + ε)^α`` of the critic's values (numpy δ)."""
+    from jaxppo import replay as replay_lib
+    from jaxppo.replay.filtered import filtered_weights
+    from jaxppo.trainer.forward import response_values
+
+    cfg = make_cfg("pf_ppo.enabled=true", "pf_ppo.filter=pow", "pf_ppo.weight_pow=1.0",
+                   "pf_ppo.reweight_method=max_min", "critic.ppo_epochs=1")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    state = run.prepare(run.state)
+    fw = np.asarray(state.replay.storage["filter_w"])
+    assert len(np.unique(fw[fw > 0])) > 3                         # a real pow weighting
+    state, _ = run.step(state)                                     # move the critic away from prepare's values
+    host = jax.device_get(state)
+    rc, B = cfg.replay, cfg.actor.ppo_mini_batch_size
+    key = jax.random.fold_in(host.rng, host.step)
+    k_sample, k_pf = jax.random.split(key)
+    beta = replay_lib.linear_beta(host.step, rc.beta0, cfg.trainer.total_steps)
+    smp = replay_lib.sample(state.replay, k_sample, B, beta=beta)
+    idx = np.asarray(smp.indices)
+    sel = np.asarray(replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(smp.items["score"], "max_min", 1.0)))
+    assert set(idx.tolist()) - set(idx[sel].tolist()), "the resample dropped no slot: the test would be vacuous"
+    w = np.asarray(filtered_weights(state.replay, smp, state.replay.storage["filter_w"], beta))
+    assert not np.allclose(w, np.asarray(smp.weights))            # the filter factor is not corrected away
+    values = np.asarray(response_values(run.critic_gd, state.critic, smp.items), np.float64)
+    it = jax.device_get(smp.items)
+    m = it["response_mask"].astype(np.float64)
+    v = values * m
+    nxt = np.concatenate([v[:, 1:], np.zeros((B, 1))], axis=1)
+    delta = (it["token_rewards"] + cfg.algorithm.gamma * nxt - v) * m
+    p = np.abs(delta).sum(-1) / np.maximum(m.sum(-1), 1)
+    want = it["filter_w"] * (p + rc.eps) ** rc.alpha
+    old = np.asarray(state.replay.priorities)[idx]
+
+    state, met = run.step(state)
+    assert met["train/nan_skipped"] == 0.0
+    assert float(met["replay/per_weight_mean"]) == pytest.approx(float(w.mean()), rel=1e-5)
+    got = np.asarray(state.replay.priorities)[idx]
+    np.testing.assert_allclose(got, want, rtol=2e-4)
+    assert not np.allclose(old, want, rtol=2e-4)                  # the values really changed

@@ -1,0 +1,270 @@
+"""Review fixes of the update step (issue 9 §3): PF-PPO filter weights under PER, per-step LR schedules,
+``is/*`` with importance off, batch-level PF resampling as counts, the current policy's KL.
+
+The replay-level and loss-level checks are exact and cheap; the trainer-level ones share one tiny run each.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxppo import ops
+from jaxppo import replay as replay_lib
+from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+ALPHA, EPS = 0.6, 1e-6
+# jitted: draws of more items than the buffer holds (with replacement) are only refused eagerly
+_sample_jit = jax.jit(replay_lib.sample, static_argnames="batch_size")
+
+
+# ------------------------------------------------------------------------------------ 1. PF-PPO under PER
+def _buffer(td_abs, f, prioritization="proportional"):
+    """A 4..n-item buffer holding the stored values prepare writes (``filtered_stored_priority``)."""
+    n = len(f)
+    rs = replay_lib.init(n, {"filter_w": jnp.zeros((), jnp.float32)}, alpha=ALPHA, eps=EPS,
+                         prioritization=prioritization)
+    rs = replay_lib.add(rs, {"filter_w": jnp.asarray(f, jnp.float32)})
+    stored = filtered_stored_priority(rs, jnp.asarray(td_abs, jnp.float32), jnp.asarray(f, jnp.float32))
+    return replay_lib.set_priorities(rs, jnp.arange(n), stored)
+
+
+def _exact_shares(rs, f, beta, *, jit):
+    """``P(i)·w_i`` normalised, from the exact ``probs`` the sampler returns and the step's loss weights
+    (``filtered_weights``), collected over draws until every sampleable slot was seen."""
+    n = len(f)
+    weights_fn = filtered_weights
+    sample_fn = functools.partial(replay_lib.sample, batch_size=n)
+    if jit:
+        weights_fn, sample_fn = jax.jit(filtered_weights), jax.jit(sample_fn)
+    prob, wt = {}, {}
+    for k in range(200):
+        smp = sample_fn(rs, jax.random.PRNGKey(k), beta=jnp.float32(beta))
+        w = weights_fn(rs, smp, jnp.asarray(f, jnp.float32), jnp.float32(beta))
+        for i, p, x in zip(np.asarray(smp.indices), np.asarray(smp.probs), np.asarray(w)):
+            assert prob.setdefault(int(i), float(p)) == pytest.approx(float(p), rel=1e-6)
+            assert wt.setdefault(int(i), float(x)) == pytest.approx(float(x), rel=1e-6)
+        if len(prob) == int(np.sum(np.asarray(f) > 0)):
+            break
+    share = np.zeros(n)
+    for i in prob:
+        share[i] = prob[i] * wt[i]
+    assert all(0.0 < wt[i] <= 1.0 + 1e-6 for i in wt)
+    return share / share.sum(), prob, wt
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])
+def test_pow_filter_survives_per_correction_equal_priorities(beta, jit):
+    """Equal |δ|, f = [1, 2, 4, 8]: the intended share is f/Σf = [.067 .133 .267 .533] at EVERY β
+    (before the fix: [.25 .25 .25 .25] at β = 1)."""
+    f = [1.0, 2.0, 4.0, 8.0]
+    share, prob, _ = _exact_shares(_buffer([0.5] * 4, f), f, beta, jit=jit)
+    np.testing.assert_allclose(share, [1 / 15, 2 / 15, 4 / 15, 8 / 15], rtol=1e-5)
+    np.testing.assert_allclose([prob[i] for i in range(4)], np.array(f) / 15, rtol=1e-5)   # P(i) ∝ f_i q_i
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])
+def test_pow_filter_shares_with_unequal_priorities(beta):
+    """share_i ∝ f_i·q_i^(1−β), q_i = (|δ_i| + ε)^α (independent numpy formula)."""
+    td, f = np.array([0.1, 2.0, 0.7, 0.3]), np.array([3.0, 0.5, 1.0, 2.0])
+    share, _, _ = _exact_shares(_buffer(td, f), f, beta, jit=True)
+    want = f * ((td + EPS) ** ALPHA) ** (1 - beta)
+    np.testing.assert_allclose(share, want / want.sum(), rtol=1e-5)
+
+
+def test_the_old_scheme_loses_the_filter_at_beta_one():
+    """Contrast (the bug): storing (|δ|·f + ε)^α and correcting the whole sampling distribution with the
+    sampler's own PER weights gives uniform shares at β = 1."""
+    f = np.array([1.0, 2.0, 4.0, 8.0])
+    rs = replay_lib.init(4, {"x": jnp.zeros(())}, alpha=ALPHA, eps=EPS)
+    rs = replay_lib.add(rs, {"x": jnp.zeros(4)}, priorities=jnp.asarray(0.5 * f, jnp.float32))
+    smp = _sample_jit(rs, jax.random.PRNGKey(0), 64, beta=1.0)
+    share = {int(i): float(p * w) for i, p, w in zip(smp.indices, smp.probs, smp.weights)}
+    assert len(share) == 4 and np.allclose(list(share.values()), list(share.values())[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])
+def test_rank_prioritization_keeps_the_filter(beta):
+    """Rank: sampled by rank of |δ|+ε (f only switches items off), loss weight = rank PER weight · f/max f:
+    share_i ∝ f_i · P_rank(i)^(1−β) with P_rank(i) ∝ rank(i)^(−α) (numpy)."""
+    td, f = np.array([0.1, 2.0, 0.7, 0.3]), np.array([3.0, 0.5, 1.0, 2.0])
+    share, _, _ = _exact_shares(_buffer(td, f, "rank"), f, beta, jit=False)
+    rank = np.empty(4)
+    rank[np.argsort(-td)] = np.arange(1, 5)
+    p_rank = rank ** -ALPHA / np.sum(rank ** -ALPHA)
+    want = f * p_rank ** (1 - beta)
+    np.testing.assert_allclose(share, want / want.sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_zero_one_filters_are_plain_per_over_the_kept_items(beta):
+    """best_of_n & co (0/1 weights): a filtered-out item is never drawn and the loss weights equal the
+    sampler's own PER weights over the kept items."""
+    td, f = np.array([0.1, 2.0, 0.7, 0.3]), np.array([1.0, 0.0, 1.0, 1.0])
+    rs = _buffer(td, f)
+    share, prob, wt = _exact_shares(rs, f, beta, jit=True)
+    assert 1 not in prob and share[1] == 0.0
+    want = f * ((td + EPS) ** ALPHA) ** (1 - beta)
+    np.testing.assert_allclose(share, want / want.sum(), rtol=1e-5)
+    smp = replay_lib.sample(rs, jax.random.PRNGKey(3), 4, beta=beta)
+    np.testing.assert_allclose(filtered_weights(rs, smp, jnp.asarray(f, jnp.float32), beta), smp.weights, rtol=1e-6)
+
+
+def test_uniform_sampling_stores_the_filter_weights():
+    """Uniform path (prepare stores f_i itself, weights 1): P(i) ∝ f_i, so share ∝ f_i."""
+    f = np.array([1.0, 2.0, 4.0, 8.0])
+    rs = replay_lib.init(4, {"x": jnp.zeros(())}, alpha=ALPHA, eps=EPS)
+    rs = replay_lib.add(rs, {"x": jnp.zeros(4)})
+    rs = replay_lib.set_priorities(rs, jnp.arange(4), jnp.asarray(f, jnp.float32))
+    smp = _sample_jit(rs, jax.random.PRNGKey(0), 64, beta=0.0)
+    assert set(np.asarray(smp.indices).tolist()) == {0, 1, 2, 3}
+    for i, p in zip(np.asarray(smp.indices), np.asarray(smp.probs)):
+        assert p == pytest.approx(f[i] / f.sum(), rel=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(td=st.lists(st.floats(0.0, 5.0), min_size=4, max_size=4),
+       f=st.lists(st.floats(0.05, 10.0), min_size=4, max_size=4), beta=st.floats(0.0, 1.0))
+def test_property_share_is_filter_times_priority_power(td, f, beta):
+    td, f = np.array(td), np.array(f)
+    rs = _buffer(td, f)
+    smp = _sample_all(rs)
+    w = np.asarray(_weights(rs, smp, jnp.asarray(f, jnp.float32), jnp.float32(beta)))
+    idx, probs = np.asarray(smp.indices), np.asarray(smp.probs)
+    share = np.zeros(4)
+    share[idx] = probs * w
+    seen = np.isin(np.arange(4), idx)          # a slot of tiny mass may be missed: compare ratios among the seen
+    q = (td.astype(np.float32) + np.float32(EPS)) ** ALPHA
+    np.testing.assert_allclose(probs, (f * q)[idx] / np.sum(f * q), rtol=2e-4)     # P(i) ∝ f_i q_i
+    want = f * q ** (1 - beta)
+    np.testing.assert_allclose(share[seen] / share[seen].sum(), want[seen] / want[seen].sum(), rtol=2e-4)
+    assert np.all(w > 0) and np.all(w <= 1 + 1e-6)
+
+
+_weights = jax.jit(filtered_weights)
+
+
+def _sample_all(rs):
+    """A draw that contains every slot: stratified over 4096 draws (each slot has mass >= ~1e-3 here)."""
+    return _sample_jit(rs, jax.random.PRNGKey(0), 4096, beta=0.0)
+
+
+# ------------------------------------------------------------------------------- losses (6a, 6e, 6f)
+def _cfg(*overrides):
+    from jaxppo.config import load_config
+
+    return load_config(None, ["actor.ppo_mini_batch_size=4", "replay.capacity=8", *overrides])
+
+
+def _items(b=4, r=5, v=7, seed=0):
+    rng = np.random.default_rng(seed)
+    mask = np.ones((b, r), np.int32)
+    mask[1, 3:] = 0
+    mask[2, 1:] = 0
+    lp = lambda: np.log(rng.dirichlet(np.ones(v), size=(b, r)))  # noqa: E731
+    ids = rng.integers(0, v, size=(b, r)).astype(np.int32)
+    pick = lambda x: np.take_along_axis(x, ids[..., None], -1)[..., 0].astype(np.float32) * mask  # noqa: E731
+    items = {"response_ids": ids, "response_mask": mask, "prox_logp": pick(lp()), "ref_logp": pick(lp()),
+             "behaviour_logprobs": pick(lp()), "advantages": rng.normal(size=(b, r)).astype(np.float32) * mask,
+             "score": rng.normal(size=(b,)).astype(np.float32)}
+    logits = rng.normal(size=(b, r, v)).astype(np.float32)
+    return {k: jnp.asarray(x) for k, x in items.items()}, jnp.asarray(logits)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_algorithm_kl_is_the_current_policy_kl(jit):
+    """``algorithm/kl`` = masked mean of kl(π_θ, ref) from the logits (numpy), not kl(prox, ref)."""
+    from jaxppo.trainer.steps import actor_terms
+
+    cfg = _cfg("algorithm.kl_penalty=kl")
+    items, logits = _items()
+    items["prox_logp"] = items["ref_logp"]            # the old metric would be exactly 0
+    fn = functools.partial(actor_terms, cfg)
+    fn = jax.jit(fn) if jit else fn
+    _, aux = fn(logits, items, jnp.ones(4))
+    lg = np.asarray(logits, np.float64)
+    logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+    logp = np.take_along_axis(logp, np.asarray(items["response_ids"])[..., None], -1)[..., 0]
+    m = np.asarray(items["response_mask"], np.float64)
+    want = np.sum((logp - np.asarray(items["ref_logp"])) * m) / m.sum()
+    assert abs(want) > 0.1
+    np.testing.assert_allclose(float(aux["algorithm/kl"]), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_is_metrics_describe_the_applied_weights(enabled):
+    from jaxppo.trainer.steps import actor_terms
+
+    cfg = _cfg(f"importance.enabled={str(enabled).lower()}", "importance.threshold=1.5")
+    items, logits = _items(seed=1)
+    _, aux = jax.jit(functools.partial(actor_terms, cfg))(logits, items, jnp.ones(4))
+    would, met = ops.importance_weights(items["prox_logp"], items["behaviour_logprobs"], items["response_mask"],
+                                        level="token", mode="truncate", threshold=1.5)
+    assert float(met["clipped_frac"]) > 0 and float(met["weight_mean"]) != pytest.approx(1.0)
+    if enabled:
+        assert not any(k.startswith("is_diag/") for k in aux)
+        for k in ("ess", "weight_mean", "weight_max", "clipped_frac"):
+            assert float(aux[f"is/{k}"]) == pytest.approx(float(met[k]), rel=1e-6)
+    else:
+        assert {k: float(aux[f"is/{k}"]) for k in ("ess", "weight_mean", "weight_max", "clipped_frac")} == \
+            {"ess": 1.0, "weight_mean": 1.0, "weight_max": 1.0, "clipped_frac": 0.0}
+        for k in ("ess", "weight_mean", "weight_max", "clipped_frac"):
+            assert float(aux[f"is_diag/{k}"]) == pytest.approx(float(met[k]), rel=1e-6)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_resample_counts_equal_the_resampled_batch(agg, jit):
+    """The batch-level PF resample as counts: actor and critic losses (and gradients) on the distinct rows
+    with ``pf_count`` equal those on the gathered resampled batch."""
+    from jaxppo.trainer.steps import actor_terms, critic_terms
+
+    cfg = _cfg(f"actor.loss_agg_mode={agg}", f"critic.loss_agg_mode={agg}", "actor.entropy_coeff=0.01")
+    items, logits = _items(seed=2)
+    rng = np.random.default_rng(0)
+    items["values"] = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32) * items["response_mask"]
+    items["returns"] = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32) * items["response_mask"]
+    items["token_rewards"] = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32) * items["response_mask"]
+    values = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
+    w = jnp.asarray([0.3, 1.0, 0.7, 0.5], jnp.float32)
+    sel = np.array([2, 0, 2, 2])                         # row 1 and 3 dropped, row 2 three times
+    gathered = {k: x[sel] for k, x in items.items()}
+    counted = dict(items, pf_count=jnp.asarray(np.bincount(sel, minlength=4), jnp.float32))
+
+    def actor(lg, it, ww):
+        return actor_terms(cfg, lg, it, ww)[0]
+
+    def critic(vv, it, ww):
+        return critic_terms(cfg, vv, it, ww)[0]
+
+    grad = (lambda f: jax.jit(jax.value_and_grad(f))) if jit else jax.value_and_grad
+    la, ga = grad(actor)(logits[sel], gathered, w[sel])
+    lb, gb = grad(actor)(logits, counted, w)
+    assert float(la) == pytest.approx(float(lb), rel=1e-5)
+    np.testing.assert_allclose(np.asarray(gb)[sel].sum(0) * 0, 0)     # shapes line up
+    for i in range(4):      # gradient wrt a row's logits = its count × the gathered copies' gradient
+        want = np.asarray(ga)[sel == i].sum(0) if (sel == i).any() else np.zeros_like(np.asarray(gb)[i])
+        np.testing.assert_allclose(np.asarray(gb)[i], want, rtol=1e-4, atol=1e-7)
+    lc, _ = grad(critic)(values[sel], gathered, w[sel])
+    ld, _ = grad(critic)(values, counted, w)
+    assert float(lc) == pytest.approx(float(ld), rel=1e-5)
+
+
+def test_count_weights_hand_case():
+    """counts [0, 1, 3], lengths [2, 4, 1]: token-mean Z = 7 / (4 + 3) = 1; seq-mean Z = 3 / 4."""
+    from jaxppo.trainer.steps import count_weights
+
+    mask = jnp.asarray([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    c = jnp.asarray([0.0, 1.0, 3.0])
+    np.testing.assert_allclose(count_weights(c, mask, "token-mean")[:, 0], [0.0, 1.0, 3.0])
+    np.testing.assert_allclose(count_weights(c, mask, "seq-mean-token-mean")[:, 0], [0.0, 0.75, 2.25])
+    np.testing.assert_allclose(count_weights(None, mask, "token-mean"), np.ones((3, 1)))
