@@ -67,14 +67,32 @@ def sequence_priority(delta: jax.Array, response_mask: jax.Array, agg: str) -> j
     return a.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
 
 
-def _chunked(fn, storage: Mapping[str, jax.Array], keys: tuple[str, ...], chunk: int):
-    """Apply ``fn(items) -> tree of [chunk, ...]`` over the buffer in chunks with ``lax.map``."""
+def _chunked(fn, storage: Mapping[str, jax.Array], keys: tuple[str, ...], chunk: int, mesh=None):
+    """Apply ``fn(items) -> tree of [chunk, ...]`` over the buffer in chunks with ``lax.map``.
+
+    Chunks are strided: chunk ``j`` holds rows ``j, j+c, j+2c, ...`` with ``c = N / chunk`` chunks, so with the
+    buffer split in contiguous blocks over the devices every chunk takes the same share of every device's
+    rows (``chunk`` a multiple of the batch shards) and the per-row outputs come back in row order. With
+    ``mesh`` each chunk is constrained to stay split over the batch axes (``jaxppo.parallel.BATCH_AXES``).
+    """
     n = storage[keys[0]].shape[0]
     if n % chunk:
         raise ValueError(f"buffer size {n} is not a multiple of the prepare chunk {chunk}")
-    xs = {k: storage[k].reshape(n // chunk, chunk, *storage[k].shape[1:]) for k in keys}
-    out = jax.lax.map(fn, xs)
-    return jax.tree.map(lambda y: y.reshape(n, *y.shape[2:]), out)
+    c = n // chunk
+
+    def constrain(x, axis):
+        if mesh is None:
+            return x
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from jaxppo.parallel import BATCH_AXES
+        spec = [None] * x.ndim
+        spec[axis] = BATCH_AXES
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+    xs = {k: constrain(jnp.swapaxes(storage[k].reshape(chunk, c, *storage[k].shape[1:]), 0, 1), 1) for k in keys}
+    out = jax.lax.map(lambda items: fn({k: constrain(v, 0) for k, v in items.items()}), xs)
+    return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape(n, *y.shape[2:]), out)
 
 
 _TOKEN_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
@@ -95,6 +113,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
     """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer."""
     alg, share = cfg.algorithm, cfg.critic.share_trunk
     prioritized = cfg.replay.sampling == "prioritized"
+    mesh = None if state_shardings is None else state_shardings.rng.mesh
 
     def prepare(state):
         st = state.replay.storage
@@ -105,7 +124,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
             logp, _ = logp_entropy(logits, items["response_ids"], items["response_mask"])
             return logp, values
 
-        prox_logp, values = _chunked(one, st, _TOKEN_KEYS, chunk)
+        prox_logp, values = _chunked(one, st, _TOKEN_KEYS, chunk, mesh=mesh)
         prox_logp = jax.lax.stop_gradient(prox_logp)
         m = st["response_mask"].astype(jnp.float32)
         values = values * m

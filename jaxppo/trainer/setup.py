@@ -21,8 +21,8 @@ from flax import nnx
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
 from jaxppo.trainer.prepare import make_prepare_fn, pf_filter_weights
-from jaxppo.trainer.state import (DATA_KEYS, PREPARED_KEYS, TrainState, make_critic, make_optimizer,
-                                  replicate_leaves, shardings_of, split_params)
+from jaxppo.trainer.state import (DATA_KEYS, PREPARED_KEYS, TrainState, init_optimizer, make_critic,
+                                  make_optimizer, replicate_leaves, shardings_of, split_params)
 from jaxppo.trainer.steps import make_train_step
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -113,7 +113,7 @@ def window_rows(n_rows: int, n_use: int, capacity: int, cursor: int) -> tuple[np
 
 
 def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarray) -> dict[str, np.ndarray]:
-    items = {k: np.asarray(train[k])[rows] for k in DATA_KEYS + ("ref_logp", "filter_w")}
+    items = {k: np.asarray(train[k])[rows].astype(ITEM_DTYPES[k]) for k in DATA_KEYS + ("ref_logp", "filter_w")}
     items["filter_w"] = np.where(valid, items["filter_w"], 0.0).astype(np.float32)
     return items
 
@@ -134,13 +134,152 @@ def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
     return train, heldout, report
 
 
+# dtype of every buffer field (the data rows are cast to these, so an abstract plan and a real run agree)
+ITEM_DTYPES = {"prompt_ids": np.int32, "prompt_mask": np.int32, "response_ids": np.int32, "response_mask": np.int32,
+               "behaviour_logprobs": np.float32, "score": np.float32, "group_id": np.int32, "row": np.int32,
+               "ref_logp": np.float32, "filter_w": np.float32}
+_PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+_SCALAR_KEYS = ("score", "group_id", "row", "filter_w")
+
+
+def replay_example(prompt_len: int, response_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """One buffer item (no batch axis): the data fields (``DATA_KEYS``, ``ref_logp``, ``filter_w``) and the
+    prepared ``[R]`` float32 arrays; prompt fields are ``[P]``, scores/ids/filter weights scalars."""
+    keys = dict.fromkeys(DATA_KEYS + ("ref_logp", "filter_w") + PREPARED_KEYS)
+    out = {}
+    for k in keys:
+        shape = () if k in _SCALAR_KEYS else (prompt_len,) if k in _PROMPT_KEYS else (response_len,)
+        out[k] = jax.ShapeDtypeStruct(shape, ITEM_DTYPES.get(k, np.float32))
+    return out
+
+
+def buffer_layout(cfg: Any, n_rows: int, mesh) -> tuple[int, int, int]:
+    """``(n_use, capacity, chunk)``: dataset rows in the buffer window (``min(n_rows, replay.capacity)``), the
+    buffer slots (``n_use`` rounded up to a multiple of ``lcm(chunk, batch shards)``) and the micro-batch /
+    prepare chunk size (``actor.ppo_micro_batch_size`` or ``ppo_mini_batch_size``)."""
+    from jaxppo.parallel import batch_divisor
+
+    a = cfg.actor
+    chunk = a.ppo_micro_batch_size or a.ppo_mini_batch_size
+    n_use = min(n_rows, cfg.replay.capacity)
+    return n_use, _round_up(n_use, math.lcm(chunk, batch_divisor(mesh))), chunk
+
+
+@dataclasses.dataclass
+class Core:
+    """The train state and the jitted functions built from (concrete or abstract) sharded parameters."""
+    state: TrainState
+    actor_tx: Any
+    critic_tx: Any
+    prepare: Any   # jitted state -> state
+    step: Any      # jitted state -> (state, metrics)
+
+
+def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params, replay_state, *,
+               chunk: int) -> Core:
+    """Optimizers, the initial ``TrainState`` and the jitted prepare/step: ONE code path for ``build_run``
+    (concrete arrays on ``mesh``) and ``jaxppo.plan`` (``ShapeDtypeStruct`` leaves carrying their shardings,
+    nothing allocated). Optimizer states are sharded like their parameters (``init_optimizer``); the scalar
+    fields are replicated."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((actor_params, critic_params)))
+    rep = NamedSharding(mesh, PartitionSpec())
+    total = cfg.trainer.total_steps
+    actor_tx = make_optimizer(cfg.actor.optim, total)
+    critic_tx = make_optimizer(cfg.critic.optim, total)
+
+    def scalar(fn):
+        if abstract:
+            out = jax.eval_shape(fn)
+            return jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=rep)
+        return jax.device_put(fn(), rep)
+
+    state = TrainState(
+        step=scalar(lambda: jnp.zeros((), jnp.int32)),
+        actor=actor_params, actor_opt=init_optimizer(actor_tx, actor_params, mesh),
+        critic=critic_params, critic_opt=init_optimizer(critic_tx, critic_params, mesh), replay=replay_state,
+        rng=scalar(lambda: jax.random.PRNGKey(cfg.trainer.seed)),
+        kl_coef=scalar(lambda: jnp.float32(cfg.algorithm.kl_ctrl.kl_coef)),
+        lr_scale=scalar(lambda: jnp.ones((), jnp.float32)), nan_total=scalar(lambda: jnp.zeros((), jnp.int32)),
+        nan_streak=scalar(lambda: jnp.zeros((), jnp.int32)), data_cursor=scalar(lambda: jnp.zeros((), jnp.int32)))
+    if not abstract:
+        state = replicate_leaves(state, mesh)
+    shardings = shardings_of(state)
+    capacity = jax.tree.leaves(replay_state.storage)[0].shape[0]
+    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings)
+    step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh)
+    return Core(state=state, actor_tx=actor_tx, critic_tx=critic_tx, prepare=prepare, step=step)
+
+
+def lm_config(hf_config: dict, model_cfg: Any):
+    """The ``LMConfig`` that ``load_pretrained`` builds for ``config.json`` contents and ``cfg.model``."""
+    from jaxppo.models import LMConfig
+
+    return LMConfig.from_hf(hf_config, param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
+                            remat=model_cfg.remat, scan_layers=True)
+
+
+def _with_shardings(params, mesh, rules):
+    from jaxppo.models import named_shardings
+
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                        named_shardings(params, mesh, rules))
+
+
+def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: int, response_len: int,
+                  n_rows: int | None = None, critic_hf_config: dict | None = None):
+    """``(core, actor_gd, critic_gd, ref_params)`` of the run ``build_run(cfg)`` would make, built abstractly:
+    models from ``config.json`` contents (no weights) with the same logical-axis shardings, a buffer of
+    ``buffer_layout(cfg, n_rows or replay.capacity)`` slots with the same storage shardings, and the same
+    ``build_core`` (optimizer states, jitted prepare/step). Every leaf is a ``ShapeDtypeStruct`` with a sharding."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxppo.models import CausalLM, ValueModel
+    from jaxppo.replay.state import leading_sharding
+
+    lm_cfg = lm_config(hf_config, cfg.model)
+    critic_lm_cfg = None
+    if cfg.critic.model_path and not cfg.critic.share_trunk:
+        if critic_hf_config is None:
+            raise ConfigError("critic.model_path is set: the plan needs that model's config.json too")
+        critic_lm_cfg = lm_config(critic_hf_config, cfg.model).replace(remat=False)
+
+    def build():
+        actor = CausalLM(lm_cfg, rngs=nnx.Rngs(0))
+        if critic_lm_cfg is not None:
+            critic = ValueModel.from_lm(CausalLM(critic_lm_cfg, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(cfg.trainer.seed))
+        else:
+            critic = make_critic(actor, share_trunk=cfg.critic.share_trunk, seed=cfg.trainer.seed)
+        return actor, critic
+
+    actor, critic = nnx.eval_shape(build)
+    actor_gd, actor_params = split_params(actor)
+    critic_gd, critic_params = split_params(critic)
+    actor_params = _with_shardings(actor_params, mesh, rules)
+    critic_params = _with_shardings(critic_params, mesh, rules)
+
+    _, capacity, chunk = buffer_layout(cfg, cfg.replay.capacity if n_rows is None else n_rows, mesh)
+    rs = jax.eval_shape(lambda: replay_lib.init(capacity, replay_example(prompt_len, response_len),
+                                                alpha=cfg.replay.alpha, eps=cfg.replay.eps,
+                                                prioritization=cfg.replay.prioritization, mesh=mesh))
+    rep = NamedSharding(mesh, PartitionSpec())
+    sds = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+    rs = rs.replace(storage={k: sds(v, leading_sharding(mesh, v.ndim)) for k, v in rs.storage.items()},
+                    priorities=sds(rs.priorities, leading_sharding(mesh, rs.priorities.ndim)),
+                    tree=sds(rs.tree, rep), max_priority=sds(rs.max_priority, rep),
+                    insert_pos=sds(rs.insert_pos, rep), size=sds(rs.size, rep))
+    core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
+    return core, actor_gd, critic_gd, actor_params
+
+
 def build_run(cfg: Any, *, devices=None) -> Run:
     """Everything a run needs, from ``cfg`` (models loaded, data tokenized, buffer filled, jits built)."""
     from jaxppo.cli_util import resolve_model_path, tokenizer_path
     from jaxppo.data import compute_behaviour_logprobs
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.models import shard_model
-    from jaxppo.parallel import batch_divisor, make_mesh, merged_rules
+    from jaxppo.parallel import make_mesh, merged_rules
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
@@ -165,20 +304,13 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     train["ref_logp"] = compute_behaviour_logprobs(actor_model, train, batch_size=cfg.data.behaviour_batch_size)
     train["filter_w"] = pf_filter_weights(cfg, train["score"], train["group_id"], cfg.trainer.seed)
 
-    shards = batch_divisor(mesh)
-    a = cfg.actor
-    chunk = a.ppo_micro_batch_size or a.ppo_mini_batch_size
-    n_use = min(n_rows, cfg.replay.capacity)
-    capacity = _round_up(n_use, math.lcm(chunk, shards))
+    n_use, capacity, chunk = buffer_layout(cfg, n_rows, mesh)
     rows, valid = window_rows(n_rows, n_use, capacity, 0)
     items = window_items(train, rows, valid)
     p_len, r_len = train["prompt_ids"].shape[1], train["response_ids"].shape[1]
-    example = {k: jnp.zeros(v.shape[1:], v.dtype) for k, v in items.items()}
-    for k in PREPARED_KEYS:
-        example.setdefault(k, jnp.zeros((r_len,), jnp.float32))
-    rs = replay_lib.init(capacity, example, alpha=cfg.replay.alpha, eps=cfg.replay.eps,
+    rs = replay_lib.init(capacity, replay_example(p_len, r_len), alpha=cfg.replay.alpha, eps=cfg.replay.eps,
                          prioritization=cfg.replay.prioritization, mesh=mesh)
-    full = {k: items.get(k, np.zeros((capacity, r_len), np.float32)) for k in example}
+    full = {k: items.get(k, np.zeros((capacity, r_len), np.float32)) for k in rs.storage}
     rs = replay_lib.add(rs, full)
 
     critic_model = make_critic(actor_model, share_trunk=cfg.critic.share_trunk, seed=cfg.trainer.seed)
@@ -192,23 +324,10 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     actor_gd, actor_params = split_params(actor_model)
     critic_gd, critic_params = split_params(critic_model)
     ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), actor_params)
-
-    total = cfg.trainer.total_steps
-    actor_tx = make_optimizer(a.optim, total)
-    critic_tx = make_optimizer(cfg.critic.optim, total)
-    state = TrainState(
-        step=jnp.zeros((), jnp.int32), actor=actor_params, actor_opt=jax.jit(actor_tx.init)(actor_params),
-        critic=critic_params, critic_opt=jax.jit(critic_tx.init)(critic_params), replay=rs,
-        rng=jax.random.PRNGKey(cfg.trainer.seed), kl_coef=jnp.float32(cfg.algorithm.kl_ctrl.kl_coef),
-        lr_scale=jnp.ones((), jnp.float32), nan_total=jnp.zeros((), jnp.int32),
-        nan_streak=jnp.zeros((), jnp.int32), data_cursor=jnp.zeros((), jnp.int32))
-    state = replicate_leaves(state, mesh)
-    shardings = shardings_of(state)
-    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings)
-    step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh)
-    del p_len
+    core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
-               critic_gd=critic_gd, ref_params=ref_params, state=state, prepare=prepare, step=step, train=train,
+               critic_gd=critic_gd, ref_params=ref_params, state=core.state, prepare=core.prepare, step=core.step,
+               train=train,
                heldout=heldout, n_use=n_use, capacity=capacity, data_report=report)
 
 

@@ -147,3 +147,47 @@ def param_finite(state: TrainState) -> bool:
     """True when every actor/critic parameter is finite (checked before a checkpoint is written)."""
     leaves = jax.tree.leaves((state.actor, state.critic))
     return bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
+
+
+def _is_abstract(tree) -> bool:
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+def optimizer_shardings(tx: optax.GradientTransformation, params, mesh):
+    """The ``NamedSharding`` of every leaf of ``tx.init(params)``: a leaf whose tree path ends with a parameter's
+    path and has that parameter's shape (AdamW ``mu``/``nu``, any per-parameter state) gets the parameter's
+    sharding; every other leaf (step counts, scalars) is replicated on ``mesh``.
+
+    ``params`` leaves must carry their shardings (``jax.Array`` on ``mesh`` or ``ShapeDtypeStruct(sharding=...)``).
+    """
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    rep = NamedSharding(mesh, PartitionSpec())
+    by_path = {tuple(p): (tuple(x.shape), x.sharding) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    lengths = sorted({len(p) for p in by_path}, reverse=True)
+
+    def pick(path, leaf):
+        path = tuple(path)
+        for n in lengths:
+            hit = by_path.get(path[len(path) - n:]) if n <= len(path) else None
+            if hit is not None and hit[0] == tuple(leaf.shape):
+                return hit[1]
+        return rep
+
+    abstract = jax.eval_shape(tx.init, params)
+    return jax.tree_util.tree_map_with_path(pick, abstract)
+
+
+def init_optimizer(tx: optax.GradientTransformation, params, mesh):
+    """``tx.init(params)`` with every optimizer leaf sharded like its parameter (``optimizer_shardings``).
+
+    Jitted with explicit ``out_shardings``, so the moments are created directly on their shards (never
+    gathered on one device). With abstract ``params`` (``ShapeDtypeStruct`` leaves with shardings) the
+    result is abstract too: ``ShapeDtypeStruct`` leaves carrying those shardings, nothing allocated.
+    """
+    shardings = optimizer_shardings(tx, params, mesh)
+    if _is_abstract(params):
+        return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            jax.eval_shape(tx.init, params), shardings)
+    return jax.jit(tx.init, out_shardings=shardings)(params)

@@ -55,6 +55,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
+from jaxppo.parallel import BATCH_AXES
 from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
 from jaxppo.trainer.prepare import sequence_priority, td_residuals
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
@@ -208,13 +209,41 @@ def make_phases(cfg: Any, actor_gd, critic_gd) -> list[Phase]:
             Phase(("critic",), critic_loss, c.ppo_epochs)]
 
 
-def make_update(loss_fn: Callable, txs: tuple, n_micro: int):
+def strided_split(x: jax.Array, n: int) -> jax.Array:
+    """``[B, ...] -> [n, B/n, ...]`` with micro-batch ``j`` = rows ``j, j+n, j+2n, ...``.
+
+    With ``B`` split into contiguous blocks over the devices (batch sharding) and ``B/n`` a multiple of the
+    device count, every micro-batch takes the same share of every device's rows, so each scan iteration
+    stays spread over all devices (a contiguous split would put each micro-batch on a subset of them).
+    """
+    b = x.shape[0]
+    if b % n:
+        raise ValueError(f"batch of {b} rows does not split into {n} equal micro-batches")
+    return jnp.swapaxes(x.reshape(b // n, n, *x.shape[1:]), 0, 1)
+
+
+def strided_merge(y: jax.Array) -> jax.Array:
+    """Inverse of ``strided_split``: ``[n, B/n, ...] -> [B, ...]`` in the original row order."""
+    return jnp.swapaxes(y, 0, 1).reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+
+
+def _constrain_batch(x: jax.Array, mesh, axis: int) -> jax.Array:
+    """Keep dimension ``axis`` of ``x`` split over the mesh's batch axes (``jaxppo.parallel.BATCH_AXES``)."""
+    spec = [None] * x.ndim
+    spec[axis] = BATCH_AXES
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     """One optimizer update of ``loss_fn`` on a minibatch:
     ``(params, opts, scales, items, w) -> (params, opts, aux, priority, grad_norms)``.
 
     Gradients are the mean over ``n_micro`` equal micro-batches (``lax.scan``); metrics are the mean
     over micro-batches; ``grad_norms`` are the global norms of each field's accumulated gradient
     (before clipping); ``scales[i]`` (or None) multiplies field ``i``'s optimizer update (the LR cut).
+    Micro-batches are strided (``strided_split``: micro-batch ``j`` = rows ``j, j+n, ...``); the priority
+    vector comes back in the minibatch's row order. With ``mesh`` every micro-batch is constrained to be
+    split over the batch axes.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -223,16 +252,19 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int):
             (_, (aux, prio)), g = grad_fn(params, items, w)
             return g, aux, prio
         b = w.shape[0]
-        split = lambda x: x.reshape(n_micro, b // n_micro, *x.shape[1:])  # noqa: E731
+        xs = jax.tree.map(lambda x: strided_split(x, n_micro), (items, w))
+        if mesh is not None:
+            xs = jax.tree.map(lambda x: _constrain_batch(x, mesh, axis=1), xs)
 
         def body(acc, x):
+            if mesh is not None:
+                x = jax.tree.map(lambda y: _constrain_batch(y, mesh, axis=0), x)
             (_, (aux, prio)), g = grad_fn(params, x[0], x[1])
             return jax.tree.map(jnp.add, acc, g), (aux, prio)
 
-        gsum, (aux, prio) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
-                                         (jax.tree.map(split, items), split(w)))
+        gsum, (aux, prio) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), xs)
         aux = jax.tree.map(jnp.mean, aux)
-        return jax.tree.map(lambda g: g / n_micro, gsum), aux, (None if prio is None else prio.reshape(b))
+        return jax.tree.map(lambda g: g / n_micro, gsum), aux, (None if prio is None else strided_merge(prio))
 
     def update(params, opts, scales, items, w):
         g, aux, prio = grads(params, items, w)
@@ -294,7 +326,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     critic_lr = lr_schedule(cfg.critic.optim, cfg.trainer.total_steps)
     txs = {"actor": actor_tx, "critic": critic_tx}
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
-    phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro))
+    phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
               for ph in make_phases(cfg, actor_gd, critic_gd)]
     pf = cfg.pf_ppo
     reweight = pf.enabled and pf.reweight_method != "none"
