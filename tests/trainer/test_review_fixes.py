@@ -131,7 +131,7 @@ def test_uniform_sampling_stores_the_filter_weights():
         assert p == pytest.approx(f[i] / f.sum(), rel=1e-6)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(td=st.lists(st.floats(0.0, 5.0), min_size=4, max_size=4),
        f=st.lists(st.floats(0.05, 10.0), min_size=4, max_size=4), beta=st.floats(0.0, 1.0))
 def test_property_share_is_filter_times_priority_power(td, f, beta):
@@ -250,7 +250,6 @@ def test_resample_counts_equal_the_resampled_batch(agg, jit):
     la, ga = grad(actor)(logits[sel], gathered, w[sel])
     lb, gb = grad(actor)(logits, counted, w)
     assert float(la) == pytest.approx(float(lb), rel=1e-5)
-    np.testing.assert_allclose(np.asarray(gb)[sel].sum(0) * 0, 0)     # shapes line up
     for i in range(4):      # gradient wrt a row's logits = its count × the gathered copies' gradient
         want = np.asarray(ga)[sel == i].sum(0) if (sel == i).any() else np.zeros_like(np.asarray(gb)[i])
         np.testing.assert_allclose(np.asarray(gb)[i], want, rtol=1e-4, atol=1e-7)
