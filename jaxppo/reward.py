@@ -145,7 +145,7 @@ def preference_to_scored(cfg: Config) -> dict:
     t0 = time.perf_counter()
     scorer = None
     if cfg.reward.model_path:
-        from jaxppo.cli_util import resolve_model_path
+        from jaxppo.hf.paths import resolve_model_path
         from jaxppo.rewards.model_io import load_reward_scorer
 
         scorer = load_reward_scorer(resolve_model_path(cfg.reward.model_path), batch_size=cfg.reward.eval_batch_size)
@@ -186,7 +186,8 @@ def preference_to_scored(cfg: Config) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
-    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, resolve_model_path, setup_logging
+    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
+    from jaxppo.hf.paths import resolve_model_path
 
     prog = "python -m jaxppo.reward"
     command, cfg = parse_config_args(prog, "Train or apply a Bradley-Terry reward model, or turn preference pairs "

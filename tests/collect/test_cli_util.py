@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxppo.cli_util import MODEL_ALIASES, parse_config_args, resolve_model_path, tokenizer_path
+from jaxppo.cli_util import parse_config_args
+from jaxppo.hf.paths import MODEL_ALIASES, resolve_model_path, tokenizer_path
 from jaxppo.config.schema import ModelConfig
 
 
@@ -63,3 +64,40 @@ def test_parse_config_args_bad_value_exits_with_the_key(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         parse_config_args("p", "d", ["rollout.n=0"])
     assert e.value.code == 2 and "rollout.n" in capsys.readouterr().err
+
+
+def test_dtype_of_names_and_errors():
+    import jax.numpy as jnp
+
+    from jaxppo.models.dtypes import dtype_of
+
+    assert dtype_of("float32") == jnp.float32 and dtype_of("bfloat16") == jnp.bfloat16
+    assert dtype_of("float16") == jnp.float16
+    for bad in ("fp32", "int8", None, 3):
+        with pytest.raises(ValueError, match="unknown dtype .*expected one of float32, bfloat16, float16"):
+            dtype_of(bad)
+
+
+def test_eos_ids_prefers_the_model_config_then_the_tokenizer():
+    from types import SimpleNamespace as NS
+
+    from jaxppo.models.eos import eos_ids, eos_tuple
+
+    tok = NS(eos_token_id=7)
+    assert eos_ids(NS(eos_token_ids=(2,)), tok) == 2                    # model config wins, one id -> int
+    assert eos_ids(NS(eos_token_ids=(2, 5)), tok) == (2, 5)             # several -> tuple
+    assert eos_ids(NS(config=NS(eos_token_ids=(3,))), tok) == 3         # a model with .config
+    assert eos_ids(NS(eos_token_ids=()), tok) == 7                      # fallback: the tokenizer's int
+    assert eos_ids(NS(eos_token_ids=()), NS(eos_token_id=None)) is None
+    assert eos_ids(NS(eos_token_ids=()), None) is None
+    assert eos_ids(NS(), NS(eos_token_id=[1, 2])) is None               # a non-int tokenizer value is ignored
+    assert eos_tuple(None) == () and eos_tuple(4) == (4,) and eos_tuple([1, 2]) == (1, 2)
+
+
+def test_cli_util_holds_no_library_logic():
+    import inspect
+
+    import jaxppo.cli_util as cu
+
+    own = {n for n, f in vars(cu).items() if inspect.isfunction(f) and f.__module__ == cu.__name__}
+    assert own == {"parse_config_args", "setup_logging", "report_user_error"}

@@ -29,7 +29,7 @@ def _write_config(root, shared_dir, out_name="out", extra=""):
 
 @pytest.fixture(scope="module")
 def collected(shared_dir, tmp_path_factory):
-    from jaxppo.collect import collect
+    from jaxppo.data.collection import collect
 
     root = tmp_path_factory.mktemp("collect")
     cfg_file = _write_config(root, shared_dir)
@@ -114,7 +114,7 @@ def test_metadata_file(collected, shared_dir):
 
 
 def test_same_seed_same_data_other_seed_other_data(collected, tmp_path):
-    from jaxppo.collect import collect
+    from jaxppo.data.collection import collect
 
     cfg_file, out, _ = collected
     base = [r["response_ids"] for r in _load(out / "data.parquet")]
@@ -162,7 +162,7 @@ def test_cli_errors_are_clear(collected, tmp_path, capsys):
 
 
 def test_read_prompts(tmp_path):
-    from jaxppo.collect import read_prompts
+    from jaxppo.data.collection import read_prompts
 
     f = tmp_path / "p.txt"
     f.write_text("# header\none\n\n  \ntwo  \n#x\nthree\n")
