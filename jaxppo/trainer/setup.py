@@ -227,16 +227,34 @@ def _with_shardings(params, mesh, rules):
                         named_shardings(params, mesh, rules))
 
 
+def abstract_replay(cfg: Any, mesh, capacity: int, example: dict):
+    """``replay_lib.init(capacity, example, ...)`` as ``ShapeDtypeStruct`` leaves with the shardings the real
+    buffer gets: the shapes from ``jax.eval_shape``, each leaf's sharding read off a tiny concrete buffer made by
+    the same ``init`` on ``mesh`` (so every field, present or future, is sharded exactly as in a run)."""
+    from jaxppo.parallel import batch_divisor
+
+    def make(n, ex):
+        return replay_lib.init(n, ex, alpha=cfg.replay.alpha, eps=cfg.replay.eps,
+                               prioritization=cfg.replay.prioritization, mesh=mesh)
+
+    abstract = jax.eval_shape(lambda: make(capacity, example))
+    tiny = make(batch_divisor(mesh), {k: jax.ShapeDtypeStruct((1,) * len(v.shape), v.dtype)
+                                      for k, v in example.items()})
+    leaves, treedef = jax.tree.flatten(abstract)
+    shardings = [x.sharding for x in jax.tree.leaves(tiny)]
+    if len(shardings) != len(leaves):
+        raise AssertionError("replay state structure depends on its capacity; cannot derive its shardings")
+    return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+                                        for a, s in zip(leaves, shardings)])
+
+
 def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: int, response_len: int,
                   n_rows: int | None = None, critic_hf_config: dict | None = None):
     """``(core, actor_gd, critic_gd, ref_params)`` of the run ``build_run(cfg)`` would make, built abstractly:
     models from ``config.json`` contents (no weights) with the same logical-axis shardings, a buffer of
     ``buffer_layout(cfg, n_rows or replay.capacity)`` slots with the same storage shardings, and the same
     ``build_core`` (optimizer states, jitted prepare/step). Every leaf is a ``ShapeDtypeStruct`` with a sharding."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     from jaxppo.models import CausalLM, ValueModel
-    from jaxppo.replay.state import leading_sharding
 
     lm_cfg = lm_config(hf_config, cfg.model)
     critic_lm_cfg = None
@@ -260,15 +278,7 @@ def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: i
     critic_params = _with_shardings(critic_params, mesh, rules)
 
     _, capacity, chunk = buffer_layout(cfg, cfg.replay.capacity if n_rows is None else n_rows, mesh)
-    rs = jax.eval_shape(lambda: replay_lib.init(capacity, replay_example(prompt_len, response_len),
-                                                alpha=cfg.replay.alpha, eps=cfg.replay.eps,
-                                                prioritization=cfg.replay.prioritization, mesh=mesh))
-    rep = NamedSharding(mesh, PartitionSpec())
-    sds = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
-    rs = rs.replace(storage={k: sds(v, leading_sharding(mesh, v.ndim)) for k, v in rs.storage.items()},
-                    priorities=sds(rs.priorities, leading_sharding(mesh, rs.priorities.ndim)),
-                    tree=sds(rs.tree, rep), max_priority=sds(rs.max_priority, rep),
-                    insert_pos=sds(rs.insert_pos, rep), size=sds(rs.size, rep))
+    rs = abstract_replay(cfg, mesh, capacity, replay_example(prompt_len, response_len))
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return core, actor_gd, critic_gd, actor_params
 

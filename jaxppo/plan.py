@@ -1,0 +1,206 @@
+"""``python -m jaxppo.plan --config FILE [overrides] [--hbm-gib N] [--json OUT] [--devices N] [--no-compile]``
+
+Per-device memory of a config's run before renting hardware (an ahead-of-time compile check). The plan builds
+the SAME train state and jitted step as ``jaxppo.train`` (``trainer.setup.abstract_core``, which shares
+``build_core`` with ``build_run``) but abstractly: only the model's ``config.json`` is read (``model.path`` is a
+directory holding it), no weights and no dataset. Shapes: ``data.max_prompt_length`` / ``max_response_length``
+(the longest a run pads to), ``replay.capacity`` slots (rounded like the run does), ``actor.ppo_mini_batch_size``.
+
+Per category, ``total`` is the global size and ``per_device`` the largest per-device sum, computed from the
+shardings of the abstract state (each leaf's shard shape × itemsize on each device, summed per device, max over
+devices), never from hand arithmetic:
+
+- ``params_bytes``: actor + critic parameters; ``optimizer_bytes``: their optax states;
+- ``replay_bytes``: buffer storage, priorities and sum-tree; ``reference_bytes``: the frozen reference policy
+  (a copy of the actor's parameters kept for evaluation); ``scalars_bytes``: counters, RNG key, KL coefficient;
+- ``temp_bytes``: XLA's temporary buffers of the compiled update step (``memory_analysis().temp_size_in_bytes``,
+  per device; activations, gradients, gathered weights); ``null`` with ``--no-compile``;
+- ``total_bytes``: the sum; ``fits``: ``per_device.total_bytes <= hbm_gib · 2^30`` (``null`` without ``--hbm-gib``).
+
+The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
+plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+PROG = "python -m jaxppo.plan"
+GiB = 2 ** 30
+CATEGORIES = ("params_bytes", "optimizer_bytes", "replay_bytes", "reference_bytes", "scalars_bytes", "temp_bytes")
+
+
+def tree_bytes(tree) -> tuple[int, int]:
+    """``(per_device, total)`` bytes of a tree of ``ShapeDtypeStruct``/``jax.Array`` leaves with shardings:
+    per device the sum over leaves of ``prod(shard shape) · itemsize`` on that device, max over devices."""
+    import jax
+    import numpy as np
+
+    per: dict[Any, int] = {}
+    total = 0
+    for x in jax.tree.leaves(tree):
+        item = np.dtype(x.dtype).itemsize
+        total += math.prod(x.shape) * item
+        for dev, idx in x.sharding.devices_indices_map(tuple(x.shape)).items():
+            shard = math.prod(len(range(*s.indices(d))) for s, d in zip(idx, x.shape)) if idx else 1
+            per[dev] = per.get(dev, 0) + shard * item
+    return (max(per.values()) if per else 0), total
+
+
+def read_model_config(path: str | Path, what: str = "model.path") -> dict:
+    p = Path(path)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.is_file():
+        raise FileNotFoundError(f"{what}={path}: no config.json there (the plan needs only the model's config.json)")
+    return json.loads(f.read_text())
+
+
+def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: bool = True) -> dict:
+    """The memory plan of ``cfg`` on ``devices`` (default all): a JSON-able dict (see the module docstring)."""
+    import jax
+
+    from jaxppo.config import ConfigError
+    from jaxppo.parallel import make_mesh, merged_rules
+    from jaxppo.trainer.setup import abstract_core, check_config
+
+    devices = list(jax.devices() if devices is None else devices)
+    check_config(cfg, len(devices))
+    m = cfg.mesh
+    mesh = make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+    try:
+        rules = merged_rules(m.rules)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    critic_hf = read_model_config(cfg.critic.model_path, "critic.model_path") \
+        if cfg.critic.model_path and not cfg.critic.share_trunk else None
+    t0 = time.perf_counter()
+    core, _, _, ref = abstract_core(cfg, mesh, rules, read_model_config(cfg.model.path), critic_hf_config=critic_hf,
+                                    prompt_len=cfg.data.max_prompt_length,
+                                    response_len=cfg.data.max_response_length)
+    s = core.state
+    parts = {
+        "params_bytes": tree_bytes((s.actor, s.critic)),
+        "optimizer_bytes": tree_bytes((s.actor_opt, s.critic_opt)),
+        "replay_bytes": tree_bytes(s.replay),
+        "reference_bytes": tree_bytes(ref),
+        "scalars_bytes": tree_bytes((s.step, s.rng, s.kl_coef, s.lr_scale, s.nan_total, s.nan_streak,
+                                     s.data_cursor)),
+    }
+    build_s = time.perf_counter() - t0
+    compile_s = None
+    memory = None
+    if compile_step:
+        t0 = time.perf_counter()
+        compiled = core.step.lower(s).compile()
+        compile_s = time.perf_counter() - t0
+        ma = compiled.memory_analysis()
+        temp = int(ma.temp_size_in_bytes)
+        parts["temp_bytes"] = (temp, temp * len(devices))
+        memory = {"argument_size_in_bytes": int(ma.argument_size_in_bytes),
+                  "output_size_in_bytes": int(ma.output_size_in_bytes),
+                  "alias_size_in_bytes": int(ma.alias_size_in_bytes),
+                  "temp_size_in_bytes": temp}
+    else:
+        parts["temp_bytes"] = (None, None)
+    per_device = {k: parts[k][0] for k in CATEGORIES}
+    total = {k: parts[k][1] for k in CATEGORIES}
+    for block in (per_device, total):
+        block["total_bytes"] = sum(v for v in block.values() if v is not None)
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(s.actor))
+    platform = devices[0].platform
+    return {
+        "config": {"model.path": str(cfg.model.path), "mesh": {"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor},
+                   "param_dtype": cfg.model.param_dtype, "compute_dtype": cfg.model.compute_dtype,
+                   "remat": cfg.model.remat, "share_trunk": cfg.critic.share_trunk,
+                   "prompt_length": cfg.data.max_prompt_length, "response_length": cfg.data.max_response_length,
+                   "ppo_mini_batch_size": cfg.actor.ppo_mini_batch_size,
+                   "ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size or cfg.actor.ppo_mini_batch_size,
+                   "replay_slots": int(jax.tree.leaves(s.replay.storage)[0].shape[0])},
+        "devices": {"count": len(devices), "platform": platform,
+                    "simulated": platform == "cpu" and len(devices) > 1},
+        "actor_parameters": int(n_params),
+        "per_device": per_device,
+        "total": total,
+        "hbm_gib": hbm_gib,
+        "fits": None if hbm_gib is None else bool(per_device["total_bytes"] <= hbm_gib * GiB),
+        "temp_note": None if compile_step else "--no-compile: the step was not compiled, temp_bytes unknown "
+                                          "(fits covers the persistent state only)",
+        "memory_analysis": memory,
+        "seconds": {"build": round(build_s, 2), "compile": None if compile_s is None else round(compile_s, 2)},
+    }
+
+
+def format_table(p: dict) -> str:
+    def gib(x):
+        return "-" if x is None else f"{x / GiB:.2f}"
+
+    d, m = p["devices"], p["config"]["mesh"]
+    head = (f"mesh data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']} on {d['count']} "
+            f"{'simulated ' if d['simulated'] else ''}{d['platform']} devices; actor {p['actor_parameters']:,} "
+            f"parameters; compile {p['seconds']['compile']} s")
+    rows = [f"{'':<16}{'per device GiB':>16}{'total GiB':>12}"]
+    for k in CATEGORIES + ("total_bytes",):
+        rows.append(f"{k.removesuffix('_bytes'):<16}{gib(p['per_device'][k]):>16}{gib(p['total'][k]):>12}")
+    if p["fits"] is not None:
+        rows.append(f"fits {p['hbm_gib']} GiB per device: {'yes' if p['fits'] else 'NO'}")
+    if p["temp_note"]:
+        rows.append(p["temp_note"])
+    return "\n".join([head, *rows])
+
+
+def _ensure_devices(n: int) -> None:
+    """Before jax starts its backend: simulate ``n`` CPU devices unless the user chose a platform."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if os.environ["JAX_PLATFORMS"] == "cpu":
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count")]
+        os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from jaxppo.config import ConfigError, load_config
+
+    ap = argparse.ArgumentParser(prog=PROG, description="Per-device memory of a config's train state and "
+                                 "compiled update step, on (simulated) devices, before renting hardware.")
+    ap.add_argument("--config", "-c", required=True, help="YAML config file")
+    ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    ap.add_argument("--hbm-gib", type=float, default=None, help="memory per device to check against (GiB)")
+    ap.add_argument("--json", default=None, help="write the plan as JSON here")
+    ap.add_argument("--devices", type=int, default=None, help="device count (default: the config's mesh size)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the XLA compile (temp_bytes reported as null)")
+    args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        ap.exit(2, f"{PROG}: config error: {e}\n")
+    m = cfg.mesh
+    n = args.devices or m.data * m.fsdp * m.tensor
+    _ensure_devices(n)
+    import jax
+
+    have = jax.devices()
+    if len(have) < n:
+        print(f"{PROG}: error: {n} devices needed but {len(have)} exist (jax was started before the plan could "
+              "set --xla_force_host_platform_device_count; run the plan in a fresh process)", file=sys.stderr)
+        return 2
+    try:
+        p = plan(cfg, devices=have[:n], hbm_gib=args.hbm_gib, compile_step=not args.no_compile)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(format_table(p))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(p, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""``jaxppo.plan``: per-device memory of a config's real (abstract) state and compiled step.
+
+The Qwen2.5-7B examples are planned without compiling (a 7B compile takes ~70 s on CPU; its measured
+output is in benchmarks/README.md); the compile is tested on stories260K's real config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxppo.config import load_config
+from jaxppo.parallel import make_mesh
+from jaxppo.plan import GiB, plan, tree_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+# Qwen/Qwen2.5-7B-Instruct config.json (the shapes only; tests/trainer/test_examples.py QWEN25_7B)
+QWEN25_7B_HF = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064,
+                "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+                "num_key_value_heads": 4, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+                "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+QWEN25_7B_PARAMS = 7_615_616_512
+# stories260K by hand: tied embedding 512x64; 5 layers x (q 64x64, k 64x32, v 64x32, o 64x64, MLP 3x64x172,
+# 2 norms of 64); final norm 64
+STORIES_PARAMS = 512 * 64 + 5 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 172 + 2 * 64) + 64
+
+
+@pytest.fixture
+def qwen_dir(tmp_path) -> Path:
+    d = tmp_path / "qwen7b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(QWEN25_7B_HF))
+    return d
+
+
+def test_tree_bytes_hand_cases():
+    mesh = make_mesh(1, 8, 1, devices=jax.devices()[:8])
+    even = jax.ShapeDtypeStruct((8, 4), np.float32, sharding=NamedSharding(mesh, PartitionSpec("fsdp")))
+    rep = jax.ShapeDtypeStruct((3,), np.int32, sharding=NamedSharding(mesh, PartitionSpec()))
+    assert tree_bytes(even) == (4 * 4, 8 * 4 * 4)          # one row of 4 float32 per device
+    assert tree_bytes(rep) == (12, 12)                      # replicated: whole array on every device
+    assert tree_bytes({"a": even, "b": rep}) == (16 + 12, 128 + 12)
+    # concrete arrays: the same numbers as their real shards
+    x = jax.device_put(np.zeros((16, 2), np.float32), NamedSharding(mesh, PartitionSpec("fsdp")))
+    assert tree_bytes(x) == (max(s.data.nbytes for s in x.addressable_shards), x.nbytes)
+
+
+def test_stories260k_plan_compiles_and_counts(stories_model):
+    cfg = load_config(REPO / "configs/smoke.yaml", [f"model.path={stories_model}", "mesh.data=1", "mesh.fsdp=1",
+                                                    "mesh.tensor=1"])
+    p = plan(cfg, devices=jax.devices()[:1], hbm_gib=1.0)
+    assert p["actor_parameters"] == STORIES_PARAMS == 260032
+    assert p["total"]["reference_bytes"] == p["per_device"]["reference_bytes"] == STORIES_PARAMS * 4
+    assert p["per_device"]["temp_bytes"] > 0 and p["memory_analysis"]["temp_size_in_bytes"] == p["per_device"][
+        "temp_bytes"]
+    for block in ("per_device", "total"):
+        b = p[block]
+        assert b["total_bytes"] == sum(b[k] for k in b if k != "total_bytes")
+    assert p["fits"] is True and p["devices"] == {"count": 1, "platform": "cpu", "simulated": False}
+    json.dumps(p)  # JSON-able
+
+
+def test_gpu_example_fits_80gb_with_optimizer_at_its_eighth(qwen_dir):
+    cfg = load_config(REPO / "configs/examples/qwen2_5_7b_fsdp8.yaml", [f"model.path={qwen_dir}"])
+    p = plan(cfg, devices=jax.devices()[:8], hbm_gib=80e9 / GiB, compile_step=False)
+    assert p["actor_parameters"] == QWEN25_7B_PARAMS
+    per, tot = p["per_device"], p["total"]
+    assert per["temp_bytes"] is None and tot["temp_bytes"] is None and p["temp_note"]
+    # fp32 Adam: mu + nu = 2 x (actor + critic) parameters, split 8 ways (<= 1.15 x the 1/8 share)
+    assert tot["optimizer_bytes"] >= 2 * tot["params_bytes"]
+    assert per["optimizer_bytes"] <= 1.15 * tot["optimizer_bytes"] / 8
+    assert per["params_bytes"] <= 1.15 * tot["params_bytes"] / 8
+    assert tot["reference_bytes"] == QWEN25_7B_PARAMS * 4
+    assert p["fits"] is True and p["devices"]["simulated"] is True and p["devices"]["count"] == 8
+
+
+def test_tpu_example_cli_on_32_simulated_devices(qwen_dir, tmp_path):
+    out = tmp_path / "plan.json"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, "-m", "jaxppo.plan", "--config", str(REPO / "configs/examples/tpu_v5e_32.yaml"),
+                        f"model.path={qwen_dir}", "--hbm-gib", "16", "--no-compile", "--json", str(out)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(out.read_text())
+    assert p["devices"] == {"count": 32, "platform": "cpu", "simulated": True}
+    assert "32 simulated cpu devices" in r.stdout and "fits 16.0 GiB per device" in r.stdout
+    per = p["per_device"]
+    assert per["optimizer_bytes"] <= 1.15 * p["total"]["optimizer_bytes"] / 16   # fsdp=16 (data replicates)
+    assert p["fits"] == (per["total_bytes"] <= 16 * GiB)
+
+
+def test_cli_missing_config_json_is_a_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "jaxppo.plan", "--config", str(REPO / "configs/smoke.yaml"),
+                        f"model.path={tmp_path}", "mesh.data=1", "mesh.fsdp=1", "--devices", "1"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 2 and "model.path" in r.stderr and "config.json" in r.stderr
