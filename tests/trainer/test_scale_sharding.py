@@ -50,6 +50,26 @@ def _assert_opt_like_params(state):
     assert big.addressable_shards[0].data.size <= big.size // 4
 
 
+def _actual_bytes(tree) -> int:
+    """Largest per-device sum of the real shards' bytes (independent of jaxppo.plan.tree_bytes)."""
+    per: dict = {}
+    for x in jax.tree.leaves(tree):
+        for sh in x.addressable_shards:
+            per[sh.device] = per.get(sh.device, 0) + sh.data.nbytes
+    return max(per.values())
+
+
+def _assert_plan_matches(run):
+    """``jaxppo.plan`` (config.json only, abstract) gives the concrete run's per-device bytes."""
+    from jaxppo.plan import plan
+
+    p = plan(run.cfg, devices=jax.devices()[:8], compile_step=False)["per_device"]
+    s = run.state
+    assert p["params_bytes"] == _actual_bytes((s.actor, s.critic))
+    assert p["optimizer_bytes"] == _actual_bytes((s.actor_opt, s.critic_opt))
+    assert p["reference_bytes"] == _actual_bytes(run.ref_params)
+
+
 @pytest.mark.parametrize("mesh", [("1", "4", "2"), ("2", "4", "1")])
 def test_optimizer_state_sharded_like_params_and_after_restore(make_cfg, tmp_path, mesh):
     from jaxppo.trainer.checkpoint import Checkpointer
@@ -59,6 +79,7 @@ def test_optimizer_state_sharded_like_params_and_after_restore(make_cfg, tmp_pat
     run = build_run(make_cfg(f"mesh.data={d}", f"mesh.fsdp={f}", f"mesh.tensor={t}", "actor.ppo_micro_batch_size=8"),
                     devices=jax.devices()[:8])
     _assert_opt_like_params(run.state)
+    _assert_plan_matches(run)
     ck = Checkpointer(tmp_path / "ck", keep_last=1, async_save=False)
     ck.save(0, run.state, {})
     restored, _ = ck.restore(0, run.state)
