@@ -1,9 +1,10 @@
 """Held-out evaluation: reward/KL of fresh generations, perplexity, bootstrap interval of the gain.
 
-* ``bootstrap_ci(before, after)`` — paired per-prompt bootstrap of the mean gain
-  ``d̄ = mean_i(after_i − before_i)``: draw ``n_boot`` resamples of the prompt indices with
-  replacement, take ``d̄*`` of each, return the ``(1−level)/2`` and ``(1+level)/2`` quantiles of the
-  ``d̄*`` (percentile interval, ``numpy.quantile`` with linear interpolation).
+* ``bootstrap_mean_ci(x)`` — percentile bootstrap of a mean ``x̄ = mean_i x_i`` over prompts: draw ``n_boot``
+  resamples of the prompt indices with replacement, take ``x̄*`` of each, return the ``(1−level)/2`` and
+  ``(1+level)/2`` quantiles of the ``x̄*`` (``numpy.quantile`` with linear interpolation).
+* ``bootstrap_ci(before, after)`` — the paired per-prompt version: ``bootstrap_mean_ci(after − before)``, the
+  interval of the mean gain ``d̄ = mean_i(after_i − before_i)``.
 * ``heldout_perplexity(model, arrays)`` — ``exp(−Σ_{b,t} m_bt · log π(y_bt | x_b, y_b,<t) / Σ m_bt)``
   over the response tokens (mask ``m`` = ``response_mask``) given the prompts, sequence layout of
   ``jaxppo.data.behaviour`` (jitted, batched, one compiled shape).
@@ -11,11 +12,24 @@
   it with ``reward_fn(prompts, responses)``, and measure the KL of the policy to the reference on
   those responses with the k1 estimate ``Σ m_bt (log π − log π_ref) / Σ m_bt`` (log-probs at
   temperature 1, not the sampling distribution).
+* ``HeldoutEval`` / ``heldout_eval(cfg, heldout, tokenizer, eos)`` — THE evaluation of a run (PPO trainer, DPO
+  trainer and ``python -m jaxppo.evaluate`` all use it): one prompt per held-out group (at most
+  ``trainer.eval_prompts``, each ``trainer.eval_samples`` times), sampling with ``rollout.temperature/top_k/top_p``
+  and ``min(rollout.max_new_tokens, data.max_response_length)`` new tokens, key
+  ``fold_in(PRNGKey(trainer.seed), 10007)``, reward ``reward.*``. ``step_metrics(result)`` gives the metrics logged
+  at an evaluation step: ``eval/reward_mean`` (mean of the per-prompt mean rewards ``r̄_i``), ``eval/reward_ci_lo``
+  / ``eval/reward_ci_hi`` (95% percentile bootstrap of that mean over prompts, ``bootstrap_mean_ci``, seed
+  ``trainer.seed``), ``eval/kl`` and ``eval/response_length``. ``compare(before, after)`` gives the before/after
+  numbers (per-prompt means, gain and its paired bootstrap interval); ``final_summary`` /
+  ``write_eval_samples`` the trainers' summary keys and ``eval_samples.jsonl``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -26,6 +40,35 @@ from flax import nnx
 from jaxppo.data.behaviour import compute_behaviour_logprobs, response_logprobs
 
 _BOOT_CHUNK = 256  # resamples drawn at a time (bounded memory; the result does not depend on it)
+
+
+def _check_level(fn: str, n_boot: int, level: float) -> None:
+    if not (isinstance(n_boot, int) and n_boot >= 1):
+        raise ValueError(f"{fn}: n_boot must be a positive int, got {n_boot!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"{fn}: level must be in (0, 1), got {level}")
+
+
+def bootstrap_mean_ci(values: Sequence[float] | np.ndarray, *, n_boot: int = 2000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``mean(values)`` over its entries (prompts; see module doc)."""
+    d = np.asarray(values, dtype=np.float64)
+    if d.ndim != 1:
+        raise ValueError(f"bootstrap_mean_ci: values must be a 1-D per-prompt array, got shape {d.shape}")
+    if d.size == 0:
+        raise ValueError("bootstrap_mean_ci: no prompts (empty values)")
+    if not np.isfinite(d).all():
+        raise ValueError("bootstrap_mean_ci: values contain NaN or inf rewards")
+    _check_level("bootstrap_mean_ci", n_boot, level)
+    n = d.size
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot, np.float64)
+    for start in range(0, n_boot, _BOOT_CHUNK):
+        m = min(_BOOT_CHUNK, n_boot - start)
+        idx = rng.integers(0, n, size=(m, n))
+        means[start:start + m] = d[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
 
 
 def bootstrap_ci(before: Sequence[float] | np.ndarray, after: Sequence[float] | np.ndarray, *, n_boot: int = 2000,
@@ -41,20 +84,8 @@ def bootstrap_ci(before: Sequence[float] | np.ndarray, after: Sequence[float] | 
         raise ValueError("bootstrap_ci: no prompts (empty before/after)")
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("bootstrap_ci: before/after contain NaN or inf rewards")
-    if not (isinstance(n_boot, int) and n_boot >= 1):
-        raise ValueError(f"bootstrap_ci: n_boot must be a positive int, got {n_boot!r}")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"bootstrap_ci: level must be in (0, 1), got {level}")
-    d = a - b
-    n = d.size
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_boot, np.float64)
-    for start in range(0, n_boot, _BOOT_CHUNK):
-        m = min(_BOOT_CHUNK, n_boot - start)
-        idx = rng.integers(0, n, size=(m, n))
-        means[start:start + m] = d[idx].mean(axis=1)
-    lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    return float(lo), float(hi)
+    _check_level("bootstrap_ci", n_boot, level)
+    return bootstrap_mean_ci(a - b, n_boot=n_boot, seed=seed, level=level)
 
 
 def heldout_eval_prompts(heldout: Mapping[str, np.ndarray], n_max: int,
@@ -229,4 +260,100 @@ def generated_length(model: nnx.Module, prompt_ids: np.ndarray, prompt_mask: np.
     return total / n
 
 
-__all__ = ["bootstrap_ci", "evaluate_policy", "generated_length", "heldout_perplexity"]
+EVAL_KEY_SALT = 10_007  # the evaluation key of every run: fold_in(PRNGKey(trainer.seed), 10007)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HeldoutEval:
+    """The held-out evaluation of a run (module doc): prompts ``[n·samples, P]``, the reward, the sampling
+    arguments of :func:`evaluate_policy` (``gen``) and its key. Build it with :func:`heldout_eval`."""
+
+    prompt_ids: np.ndarray
+    prompt_mask: np.ndarray
+    samples: int
+    reward_fn: Callable[[list[str], list[str]], np.ndarray]
+    tokenizer: Any
+    key: jax.Array
+    seed: int
+    gen: Mapping[str, Any]
+
+    @property
+    def available(self) -> bool:
+        """False when there are no held-out prompts (``data.eval_fraction=0``)."""
+        return self.prompt_ids.shape[0] > 0
+
+    def __call__(self, model: nnx.Module, reference: nnx.Module) -> dict[str, Any]:
+        """:func:`evaluate_policy` of ``model`` (KL measured against ``reference``) on the held-out prompts."""
+        if not self.available:
+            raise ValueError("no held-out prompts to evaluate on (data.eval_fraction=0 or a single prompt group)")
+        return evaluate_policy(model, reference, self.tokenizer, self.prompt_ids, self.prompt_mask, self.reward_fn,
+                               self.key, **self.gen)
+
+    def step_metrics(self, result: Mapping[str, Any]) -> dict[str, float]:
+        """``eval/reward_mean``, ``eval/reward_ci_lo``, ``eval/reward_ci_hi`` (bootstrap over prompts),
+        ``eval/kl`` and ``eval/response_length`` of an evaluation ``result`` (module doc)."""
+        per_prompt = prompt_means(result["rewards"], self.samples)
+        lo, hi = bootstrap_mean_ci(per_prompt, seed=self.seed)
+        return {"eval/reward_mean": float(per_prompt.mean()), "eval/reward_ci_lo": lo, "eval/reward_ci_hi": hi,
+                "eval/kl": float(result["kl"]), "eval/response_length": float(result["response_length"])}
+
+
+def heldout_eval(cfg: Any, heldout: Mapping[str, np.ndarray], tokenizer: Any,
+                 eos_token_id: int | Sequence[int] | None, *, reward_fn: Callable | None = None) -> HeldoutEval:
+    """The :class:`HeldoutEval` of config ``cfg`` on the held-out rows ``heldout`` (``reward_fn`` defaults to
+    ``reward_fn_from_config(cfg.reward)``; ``eos_token_id`` from :func:`jaxppo.models.eos.eos_ids`)."""
+    from jaxppo.data.tokenize import pad_id_of
+    from jaxppo.rewards import reward_fn_from_config
+
+    tc, ro = cfg.trainer, cfg.rollout
+    prompt_ids, prompt_mask = heldout_eval_prompts(heldout, tc.eval_prompts, tc.eval_samples)
+    gen = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length), temperature=ro.temperature,
+               top_k=ro.top_k, top_p=ro.top_p, eos_token_id=eos_token_id, pad_token_id=pad_id_of(tokenizer),
+               batch_size=ro.batch_size)
+    return HeldoutEval(prompt_ids=prompt_ids, prompt_mask=prompt_mask, samples=tc.eval_samples,
+                       reward_fn=reward_fn_from_config(cfg.reward) if reward_fn is None else reward_fn,
+                       tokenizer=tokenizer, key=jax.random.fold_in(jax.random.PRNGKey(tc.seed), EVAL_KEY_SALT),
+                       seed=tc.seed, gen=gen)
+
+
+def compare(before: Mapping[str, Any], after: Mapping[str, Any], samples: int, *, seed: int = 0) -> dict[str, Any]:
+    """Before/after numbers of two evaluations on the same prompts: per-prompt mean rewards ``before``/``after``
+    (``[n]``), their means, the gain ``mean(after) − mean(before)`` and its paired bootstrap interval
+    ``gain_ci95`` (:func:`bootstrap_ci`, seed ``seed``), ``n_prompts``."""
+    rb, ra = prompt_means(before["rewards"], samples), prompt_means(after["rewards"], samples)
+    if rb.shape != ra.shape:
+        raise ValueError(f"compare: the two evaluations have {rb.size} and {ra.size} prompts; expected the same ones")
+    lo, hi = bootstrap_ci(rb, ra, seed=seed)
+    return {"before": rb, "after": ra, "reward_before": float(rb.mean()), "reward_after": float(ra.mean()),
+            "gain": float(ra.mean() - rb.mean()), "gain_ci95": [float(lo), float(hi)], "n_prompts": int(rb.size)}
+
+
+def final_summary(ev: HeldoutEval, before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainers' ``summary.json`` evaluation keys: ``eval/n_prompts``, ``eval/samples_per_prompt``,
+    ``eval/reward_before|after``, ``eval/reward_gain``, ``eval/reward_gain_ci95``, ``eval/kl`` (of the trained
+    policy) and ``eval/response_length_before|after``."""
+    c = compare(before, after, ev.samples, seed=ev.seed)
+    return {"eval/n_prompts": c["n_prompts"], "eval/samples_per_prompt": ev.samples,
+            "eval/reward_before": c["reward_before"], "eval/reward_after": c["reward_after"],
+            "eval/reward_gain": c["gain"], "eval/reward_gain_ci95": c["gain_ci95"], "eval/kl": float(after["kl"]),
+            "eval/response_length_before": float(before["response_length"]),
+            "eval/response_length_after": float(after["response_length"])}
+
+
+def write_eval_samples(path: str | Path, before: Mapping[str, Any], after: Mapping[str, Any], *,
+                       names: tuple[str, str] = ("before", "after"), response_prefix: str = "") -> None:
+    """``eval_samples.jsonl``: one line a sample, ``prompt``, the two responses and their rewards. Keys are
+    ``{response_prefix}{name}`` and ``reward_{name}`` for ``name`` in ``names`` (the trainers: ``before``/
+    ``after``; ``jaxppo.evaluate``: ``response_policy``/``response_reference``)."""
+    rb, ra = np.asarray(before["rewards"], np.float64), np.asarray(after["rewards"], np.float64)
+    nb, na = names
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(ra.size):
+            fh.write(json.dumps({"prompt": after["prompts"][i], f"{response_prefix}{nb}": before["responses"][i],
+                                 f"{response_prefix}{na}": after["responses"][i], f"reward_{nb}": float(rb[i]),
+                                 f"reward_{na}": float(ra[i])}, ensure_ascii=False) + "\n")
+
+
+__all__ = ["EVAL_KEY_SALT", "HeldoutEval", "bootstrap_ci", "bootstrap_mean_ci", "compare", "evaluate_policy",
+           "final_summary", "generated_length", "heldout_eval", "heldout_eval_prompts", "heldout_perplexity",
+           "prompt_means", "write_eval_samples"]

@@ -20,9 +20,10 @@
 * **Perplexity guard** — ``check_perplexity(step, ppl)``: the first value is the baseline ``b``;
   later ``ppl > (1 + ppl_tolerance)·b`` or a non-finite ``ppl`` → ``"rollback"`` (to the last good
   checkpoint). ``should_check_perplexity(step)`` is ``step % ppl_every == 0``.
-* **NaN guard** — ``note_nan(step)`` counts consecutive skipped updates with a NaN/inf loss,
-  ``note_finite(step)`` resets the count; reaching ``max_nan_steps`` → ``"rollback"`` and the count
-  restarts from 0.
+* **NaN guard** — ``check_nan(step, streak, total)`` reads the counts the train step keeps on device
+  (``TrainState.nan_streak``: consecutive skipped updates with a NaN/inf loss, 0 after a finite one;
+  ``TrainState.nan_total``: all of them) — the one source of truth; ``streak >= max_nan_steps`` →
+  ``"rollback"`` (the trainer then sets ``nan_streak`` to 0, so the count restarts).
 
 All state is plain numbers (``state_dict`` / ``Guards.from_state_dict``, JSON-able), so a guard
 restored from a checkpoint takes the same later actions as one that never stopped.
@@ -42,7 +43,7 @@ ROLLBACK = "rollback"
 
 DEFAULT_KL_KEYS = ("actor/ppo_kl",)
 DEFAULT_LENGTH_KEYS = ("eval/response_length", "probe/response_length")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: also held host copies of the NaN counts (ignored when read)
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,6 @@ class Guards:
         self.length_sum = {k: 0.0 for k in self.length_keys}
         self.length_count = {k: 0 for k in self.length_keys}
         self.ppl_baseline: float | None = None
-        self.nan_streak = 0
-        self.nan_total = 0
 
     # ------------------------------------------------------------------ per-step metrics
     def check(self, step: int, metrics: Mapping[str, Any]) -> list[GuardAction]:
@@ -150,23 +149,18 @@ class Guards:
         return []
 
     # ------------------------------------------------------------------ NaN / inf losses
-    def note_nan(self, step: int) -> list[GuardAction]:
-        """Count a skipped update with a non-finite loss; ``max_nan_steps`` in a row → rollback."""
-        self.nan_streak += 1
-        self.nan_total += 1
-        if self.nan_streak >= self.cfg.max_nan_steps:
-            n = self.nan_streak
-            self.nan_streak = 0
+    def check_nan(self, step: int, streak: int, total: int) -> list[GuardAction]:
+        """The device NaN counts after ``step`` (``TrainState.nan_streak`` / ``nan_total``): ``streak`` consecutive
+        skipped updates ``>= max_nan_steps`` → rollback (the caller resets the device streak to 0)."""
+        streak, total = int(streak), int(total)
+        if streak < 0 or total < streak:
+            raise ValueError(f"check_nan: need 0 <= streak <= total, got streak={streak}, total={total}")
+        if streak >= self.cfg.max_nan_steps:
             return [GuardAction(
                 ROLLBACK,
-                f"{n} consecutive updates with a NaN/inf loss (max_nan_steps={self.cfg.max_nan_steps}): "
+                f"{streak} consecutive updates with a NaN/inf loss (max_nan_steps={self.cfg.max_nan_steps}): "
                 "rolling back to the last good checkpoint",
-                {"nan_steps": n, "nan_total": self.nan_total, "reason": "nan"})]
-        return []
-
-    def note_finite(self, step: int) -> list[GuardAction]:
-        """A finite update: the consecutive-NaN count restarts."""
-        self.nan_streak = 0
+                {"nan_steps": streak, "nan_total": total, "reason": "nan"})]
         return []
 
     # ------------------------------------------------------------------ checkpointing
@@ -180,19 +174,16 @@ class Guards:
             "length_sum": {k: float(v) for k, v in self.length_sum.items()},
             "length_count": {k: int(v) for k, v in self.length_count.items()},
             "ppl_baseline": self.ppl_baseline,
-            "nan_streak": int(self.nan_streak),
-            "nan_total": int(self.nan_total),
         }
 
     @classmethod
     def from_state_dict(cls, cfg: Any, d: Mapping[str, Any]) -> "Guards":
         """Guards with config ``cfg`` and the state of ``state_dict()``; ValueError naming a bad field."""
-        need = ("version", "kl_keys", "length_keys", "kl_active", "length_sum", "length_count", "ppl_baseline",
-                "nan_streak", "nan_total")
+        need = ("version", "kl_keys", "length_keys", "kl_active", "length_sum", "length_count", "ppl_baseline")
         missing = [k for k in need if k not in d]
         if missing:
             raise ValueError(f"guards state is missing field(s) {missing}")
-        if d["version"] != STATE_VERSION:
+        if d["version"] not in (1, STATE_VERSION):   # version 1's nan_streak/nan_total are the device's now
             raise ValueError(f"guards state version {d['version']!r} is not supported (expected {STATE_VERSION})")
         g = cls(cfg, kl_keys=tuple(d["kl_keys"]), length_keys=tuple(d["length_keys"]))
         if set(d["length_sum"]) != set(g.length_keys) or set(d["length_count"]) != set(g.length_keys):
@@ -201,8 +192,6 @@ class Guards:
         g.length_sum = {k: float(d["length_sum"][k]) for k in g.length_keys}
         g.length_count = {k: int(d["length_count"][k]) for k in g.length_keys}
         g.ppl_baseline = None if d["ppl_baseline"] is None else float(d["ppl_baseline"])
-        g.nan_streak = int(d["nan_streak"])
-        g.nan_total = int(d["nan_total"])
         return g
 
 

@@ -1,11 +1,13 @@
-"""The offline PPO loop: ``train(cfg) -> summary``.
+"""The offline PPO loop: ``train(cfg) -> summary`` (``fit(cfg) -> (summary, final TrainState)``).
 
 Per step ``s`` (0-based): on ``s % replay.refresh_every == 0`` the buffer window is (re)loaded and
 prepared (prox log-probs, values, rewards, GAE, priorities); then one jitted update. Everything a
 step depends on is in the ``TrainState`` (RNG keys are ``fold_in(rng, step)``), so a run resumed from
 the checkpoint of step ``k`` logs exactly the metrics of an uninterrupted run for steps ``> k``.
 
-Host side after each step: guards (NaN streak → rollback, held-out perplexity every ``guards.ppl_every``
+The loop threads only the ``TrainState``: the ``Run`` (graph defs, jitted functions, data) is read, never written.
+Host side after each step: guards (the device NaN streak ``state.nan_streak`` → rollback, held-out perplexity every
+``guards.ppl_every``
 steps → rollback, KL → actor LR cut, and a mode-collapse warning when the mean length of the policy's own
 generations — ``eval/response_length`` from the held-out evaluation at ``trainer.eval_every``,
 ``probe/response_length`` from a greedy probe at ``guards.length_probe_every`` — exceeds
@@ -13,9 +15,19 @@ generations — ``eval/response_length`` from the held-out evaluation at ``train
 ``trainer.save_every`` steps, at the end, and at every step whose perplexity check passed (those are
 *verified*; so is step 0, whose perplexity is the baseline). A rollback restores the parameters, optimizer
 states, replay buffer, data cursor and KL coefficient of the newest *verified* checkpoint (the newest
-checkpoint when none is verified, e.g. without held-out data), keeps the step counter, RNG and the LR cut,
-and re-runs the prepare pass with the restored policy. Resume (``trainer.resume=auto``) restores the newest
+checkpoint when none is verified, e.g. without held-out data) — ``state.replace(**fields of the restored
+checkpoint)``, a pure function of the two states — keeps the step counter, RNG, NaN total and the LR cut, zeroes
+the NaN streak and re-runs the prepare pass with the restored policy. Resume (``trainer.resume=auto``) restores the newest
 checkpoint that can be read; damaged ones are moved aside (``checkpoint_damaged`` events).
+
+Metrics (``metrics.jsonl``, every ``trainer.log_every`` steps and at every step with an evaluation, a perplexity
+check, a guard action or the last step; the guards see every step): the step's metrics, ``perf/*``, and the
+cumulative ``train/samples_consumed`` (``s · actor.ppo_mini_batch_size`` after ``s`` steps, NaN-skipped steps
+included) and ``train/tokens_consumed`` (the response tokens of the sampled minibatches, ``Σ response_length/mean
+· ppo_mini_batch_size``, carried across resumes in the checkpoint metadata). With ``trainer.eval_every``, the
+held-out evaluation (``jaxppo.trainer.evaluation.HeldoutEval``: ``eval/reward_mean`` with its 95% bootstrap
+interval over prompts ``eval/reward_ci_lo``/``eval/reward_ci_hi``, ``eval/kl``, ``eval/response_length``) is
+logged at step 0 (the reference, before any update) and every ``eval_every`` steps.
 
 Outputs under ``trainer.output_dir``: ``metrics.jsonl``, ``events.jsonl``, TensorBoard files,
 ``checkpoints/``, ``hf/`` (final policy + tokenizer), ``plots/``, ``eval_samples.jsonl`` and
@@ -41,53 +53,15 @@ from jaxppo.trainer.setup import Run, build_run, load_window
 logger = logging.getLogger("jaxppo.trainer")
 
 # restored by a rollback (the buffer rows and the data cursor that names them go together); the step counter,
-# RNG, NaN counters and the guards' LR cut are kept
+# RNG, NaN total and the guards' LR cut are kept, the NaN streak is zeroed
 ROLLBACK_FIELDS = ("actor", "actor_opt", "critic", "critic_opt", "replay", "kl_coef", "data_cursor")
-
-
-def _eos_ids(run: Run):
-    ids = tuple(getattr(run.policy().config, "eos_token_ids", ()) or ())
-    tok_eos = getattr(run.tokenizer, "eos_token_id", None)
-    if not ids and isinstance(tok_eos, int):
-        ids = (tok_eos,)
-    return None if not ids else (ids[0] if len(ids) == 1 else ids)
-
-
-class _Evaluator:
-    def __init__(self, run: Run):
-        from jaxppo.data.tokenize import pad_id_of
-        from jaxppo.rewards import reward_fn_from_config
-
-        cfg = run.cfg
-        self.run = run
-        from jaxppo.trainer.evaluation import heldout_eval_prompts
-
-        self.samples = cfg.trainer.eval_samples
-        self.prompt_ids, self.prompt_mask = heldout_eval_prompts(run.heldout, cfg.trainer.eval_prompts,
-                                                                 self.samples)
-        self.reward_fn = reward_fn_from_config(cfg.reward)
-        ro = cfg.rollout
-        self.kw = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length),
-                       temperature=ro.temperature, top_k=ro.top_k, top_p=ro.top_p, eos_token_id=_eos_ids(run),
-                       pad_token_id=pad_id_of(run.tokenizer), batch_size=ro.batch_size)
-        self.key = jax.random.fold_in(jax.random.PRNGKey(cfg.trainer.seed), 10_007)
-
-    @property
-    def available(self) -> bool:
-        return self.prompt_ids.shape[0] > 0
-
-    def __call__(self, params) -> dict[str, Any]:
-        from jaxppo.trainer.evaluation import evaluate_policy
-
-        return evaluate_policy(self.run.policy(params), self.run.reference(), self.run.tokenizer, self.prompt_ids,
-                               self.prompt_mask, self.reward_fn, self.key, **self.kw)
 
 
 class _LengthProbe:
     """``guards.length_probe_every``: the policy's mean greedy generation length on the first
     ``guards.length_probe_prompts`` held-out prompts (``probe/response_length``, watched by the length guard)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, eos):
         from jaxppo.data.tokenize import pad_id_of
         from jaxppo.trainer.evaluation import heldout_eval_prompts
 
@@ -96,7 +70,7 @@ class _LengthProbe:
         self.every = g.length_probe_every
         self.prompt_ids, self.prompt_mask = heldout_eval_prompts(run.heldout, g.length_probe_prompts, 1)
         self.kw = dict(max_new_tokens=min(ro.max_new_tokens, run.cfg.data.max_response_length),
-                       eos_token_id=_eos_ids(run), pad_token_id=pad_id_of(run.tokenizer), batch_size=ro.batch_size)
+                       eos_token_id=eos, pad_token_id=pad_id_of(run.tokenizer), batch_size=ro.batch_size)
         if self.every and self.prompt_ids.shape[0] == 0:
             logger.warning("guards.length_probe_every is set but there are no held-out prompts: no length probe")
 
@@ -109,8 +83,33 @@ class _LengthProbe:
         return generated_length(self.run.policy(params), self.prompt_ids, self.prompt_mask, **self.kw)
 
 
-def _meta(run: Run, guards) -> dict[str, Any]:
-    return {"guards": guards.state_dict(), "config": to_dict(run.cfg),
+class _Evaluations:
+    """The run's held-out evaluation (``HeldoutEval``) with the reference's result kept: it is the step-0 value
+    and the "before" of the final comparison, computed once."""
+
+    def __init__(self, run: Run, eos):
+        from jaxppo.trainer.evaluation import heldout_eval
+
+        self.run = run
+        self.ev = heldout_eval(run.cfg, run.heldout, run.tokenizer, eos)
+        self._reference: dict[str, Any] | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.ev.available
+
+    def reference(self) -> dict[str, Any]:
+        if self._reference is None:
+            ref = self.run.reference()
+            self._reference = self.ev(ref, ref)
+        return self._reference
+
+    def policy(self, params) -> dict[str, Any]:
+        return self.ev(self.run.policy(params), self.run.reference())
+
+
+def _meta(run: Run, guards, tokens_consumed: float) -> dict[str, Any]:
+    return {"guards": guards.state_dict(), "config": to_dict(run.cfg), "tokens_consumed": float(tokens_consumed),
             "data": {"n_train": int(run.train["prompt_ids"].shape[0]), "capacity": run.capacity}}
 
 
@@ -122,10 +121,26 @@ def _ppl(run: Run, params) -> float:
     return heldout_perplexity(run.policy(params), run.heldout, batch_size=run.cfg.data.behaviour_batch_size)
 
 
+def _make_logger(cfg: Any, out: Path, start: int):
+    from jaxppo.trainer.metrics_log import MetricsLogger
+    from jaxppo.trainer.trackers import resolve_logger
+
+    tc = cfg.trainer
+    tb_on, trackers = resolve_logger(tc.logger, tc.tensorboard)
+    return MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tb_on, progress=tc.progress,
+                         trackers=trackers, run_name=tc.run_name, group=tc.group, run_config=to_dict(cfg))
+
+
 def train(cfg: Any, *, run: Run | None = None) -> dict[str, Any]:
     """Run the offline PPO job described by ``cfg``; returns (and writes) the summary dict."""
+    return fit(cfg, run=run)[0]
+
+
+def fit(cfg: Any, *, run: Run | None = None) -> tuple[dict[str, Any], Any]:
+    """:func:`train` that also returns the final ``TrainState``: ``(summary, state)``. ``run`` (default
+    ``build_run(cfg)``) is only read: its ``state`` is the initial state."""
+    from jaxppo.models.eos import eos_ids
     from jaxppo.trainer.guards import Guards
-    from jaxppo.trainer.metrics_log import MetricsLogger
 
     t_start = time.perf_counter()
     tc = cfg.trainer
@@ -134,10 +149,10 @@ def train(cfg: Any, *, run: Run | None = None) -> dict[str, Any]:
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
     run = build_run(cfg) if run is None else run
     t_setup = time.perf_counter() - t_start
-    state = run.state
+    state = run.state   # the initial state; from here on only `state` is threaded, `run` is read-only
     ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=True)
     guards = Guards(cfg.guards)
-    start = 0
+    start, tokens_consumed = 0, 0.0
     if tc.resume == "never" and ckpt.all_steps():
         ckpt.close()
         raise ConfigError(f"trainer.resume=never but {ckpt.directory} already holds checkpoints {ckpt.all_steps()}; "
@@ -155,25 +170,32 @@ def train(cfg: Any, *, run: Run | None = None) -> dict[str, Any]:
         state, meta = resumed.state, resumed.meta
         guards = Guards.from_state_dict(cfg.guards, meta["guards"])
         start = int(meta["step"])
+        tokens_consumed = float(meta.get("tokens_consumed", 0.0))
         logger.info("resumed from %s step %d", ckpt.directory, start)
-    run.state = state
     have_heldout = run.heldout["prompt_ids"].shape[0] > 0
     if guards.ppl_baseline is None and have_heldout:
         guards.check_perplexity(0, _ppl(run, state.actor))
-    mlog = MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tc.tensorboard,
-                         progress=tc.progress)
+    eos = eos_ids(run.reference().config, run.tokenizer)
+    evals = _Evaluations(run, eos)
+    probe = _LengthProbe(run, eos)
+    try:
+        mlog = _make_logger(cfg, out, start)
+    except BaseException:
+        ckpt.close()
+        raise
     for bad_step, moved, why in damaged:
         mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}, resuming from "
                    f"{'step ' + str(start) if start else 'scratch'}", checkpoint_step=bad_step, moved_to=str(moved))
-    evaluator = _Evaluator(run)
-    probe = _LengthProbe(run)
-    if start == 0:
-        # the first "last good" checkpoint for rollbacks: verified by the perplexity baseline
-        ckpt.save(0, state, _meta(run, guards), verified=have_heldout)
     refresh = cfg.replay.refresh_every
+    mini = cfg.actor.ppo_mini_batch_size
     t_train0 = time.perf_counter()
     compile_s = None
     try:
+        if start == 0:
+            # the first "last good" checkpoint for rollbacks: verified by the perplexity baseline
+            ckpt.save(0, state, _meta(run, guards, 0.0), verified=have_heldout)
+            if tc.eval_every and evals.available:   # step 0: the reference, before any update
+                mlog.log(0, evals.ev.step_metrics(evals.reference()))
         for s in range(start, tc.total_steps):
             if s % refresh == 0:
                 state = load_window(run, state, s // refresh)
@@ -181,44 +203,53 @@ def train(cfg: Any, *, run: Run | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             state, metrics = run.step(state)
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            nan_streak, nan_total = (int(x) for x in jax.device_get((state.nan_streak, state.nan_total)))
             dt = time.perf_counter() - t0
             if compile_s is None:
                 compile_s = dt
+            step_no = s + 1
             metrics["perf/step_time_s"] = dt
             metrics["perf/throughput"] = run.tokens_per_step / max(dt, 1e-9)
-            step_no = s + 1
-            actions = guards.note_nan(step_no) if metrics["train/nan_skipped"] > 0 else guards.note_finite(step_no)
-            actions = list(actions)
+            batch_tokens = metrics.get("response_length/mean", float("nan")) * mini
+            tokens_consumed += batch_tokens if np.isfinite(batch_tokens) else 0.0
+            metrics["train/samples_consumed"] = float(step_no * mini)
+            metrics["train/tokens_consumed"] = tokens_consumed
+            actions = guards.check_nan(step_no, nan_streak, nan_total)
             ppl_checked = have_heldout and step_no % cfg.guards.ppl_every == 0
             if ppl_checked:
                 metrics["eval/perplexity"] = _ppl(run, state.actor)
                 actions += guards.check_perplexity(step_no, metrics["eval/perplexity"])
-            if tc.eval_every and step_no % tc.eval_every == 0 and evaluator.available:
-                ev = evaluator(state.actor)
-                metrics["eval/reward_mean"] = float(np.mean(ev["rewards"]))
-                metrics["eval/kl"] = float(ev["kl"])
-                metrics["eval/response_length"] = float(ev["response_length"])  # the policy's own generations
+            evaluated = bool(tc.eval_every) and step_no % tc.eval_every == 0 and evals.available
+            if evaluated:
+                metrics.update(evals.ev.step_metrics(evals.policy(state.actor)))  # the policy's own generations
             if probe.due(step_no):
                 metrics["probe/response_length"] = probe(state.actor)
             actions += guards.check(step_no, metrics)   # KL and the policy's generation length
-            mlog.log(step_no, metrics)
+            if step_no % tc.log_every == 0 or step_no == tc.total_steps or evaluated or ppl_checked or actions:
+                mlog.log(step_no, metrics)
             for act in actions:
                 mlog.event(step_no, act.kind, act.message, **act.data)
                 state = _apply_action(run, ckpt, state, act, step_no, mlog)
-            run.state = state
             # verified: the perplexity guard checked this step's policy and nothing was rolled back
             verified = ppl_checked and not any(a.kind == "rollback" for a in actions)
             if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified:
-                if not ckpt.save(step_no, state, _meta(run, guards), verified=verified):
+                if not ckpt.save(step_no, state, _meta(run, guards, tokens_consumed), verified=verified):
                     mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
         ckpt.wait()
     finally:
         mlog.close()
         ckpt.close()
     t_train = time.perf_counter() - t_train0
-    run.state = state
-    return _finish(run, state, evaluator, out, dict(setup_s=t_setup, train_s=t_train, compile_s=compile_s or 0.0,
-                                                    start_step=start, t_start=t_start))
+    summary = _finish(run, state, evals, out, dict(setup_s=t_setup, train_s=t_train, compile_s=compile_s or 0.0,
+                                                   start_step=start, t_start=t_start, tokens_consumed=tokens_consumed))
+    return summary, state
+
+
+def _restore_fields(state, good):
+    """The rollback as a pure function of two train states: ``state`` with the ``ROLLBACK_FIELDS`` of the
+    restored checkpoint ``good`` and a zero NaN streak (step counter, RNG, NaN total and LR cut kept)."""
+    return state.replace(**{k: getattr(good, k) for k in ROLLBACK_FIELDS},
+                         nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
 
 
 def _apply_action(run: Run, ckpt: Checkpointer, state, act, step_no: int, mlog=None):
@@ -230,6 +261,8 @@ def _apply_action(run: Run, ckpt: Checkpointer, state, act, step_no: int, mlog=N
         logger.warning("step %d: actor LR scale %.4g -> %.4g", step_no, float(state.lr_scale), scale)
         return state.replace(lr_scale=jax.device_put(jnp.float32(scale), state.lr_scale.sharding))
     if kind == "rollback":
+        # the NaN streak restarts whatever happens next (the guard reads it from the state)
+        state = state.replace(nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
         ckpt.wait()
 
         def note_damaged(bad: int, moved: Path, why: str) -> None:
@@ -254,41 +287,30 @@ def _apply_action(run: Run, ckpt: Checkpointer, state, act, step_no: int, mlog=N
             mlog.event(step_no, "rollback_restored", f"restored checkpoint step {res.step}"
                        f"{' (verified)' if verified_only else ' (not verified: no verified checkpoint)'}",
                        checkpoint_step=int(res.step), verified=verified_only, data_cursor=int(good.data_cursor))
-        state = state.replace(**{k: getattr(good, k) for k in ROLLBACK_FIELDS},
-                              nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
         # re-prepare with the restored policy (the checkpoint's buffer may predate its prepare pass)
-        return run.prepare(state)
+        return run.prepare(_restore_fields(state, good))
     return state  # warnings only
 
 
-def _finish(run: Run, state, evaluator: _Evaluator, out: Path, timing: dict) -> dict[str, Any]:
-    from jaxppo.trainer.evaluation import bootstrap_ci, prompt_means
+def _finish(run: Run, state, evals: _Evaluations, out: Path, timing: dict) -> dict[str, Any]:
+    from jaxppo.trainer.evaluation import final_summary, write_eval_samples
 
     cfg = run.cfg
     summary: dict[str, Any] = {"steps": cfg.trainer.total_steps, "resumed_from": timing["start_step"],
                                "n_train": int(run.train["prompt_ids"].shape[0]),
                                "n_heldout": int(run.heldout["prompt_ids"].shape[0]),
                                "nan_skipped_total": int(state.nan_total),
+                               "train/samples_consumed": int(cfg.trainer.total_steps
+                                                             * cfg.actor.ppo_mini_batch_size),
+                               "train/tokens_consumed": float(timing["tokens_consumed"]),
                                "time/setup_s": timing["setup_s"], "time/train_s": timing["train_s"],
                                "time/first_step_s": timing["compile_s"]}
     t0 = time.perf_counter()
-    if evaluator.available:
-        before = evaluator(run.ref_params)
-        after = evaluator(state.actor)
-        rb_s, ra_s = np.asarray(before["rewards"], np.float64), np.asarray(after["rewards"], np.float64)
-        rb, ra = prompt_means(rb_s, evaluator.samples), prompt_means(ra_s, evaluator.samples)
-        lo, hi = bootstrap_ci(rb, ra, seed=cfg.trainer.seed)
-        summary.update({"eval/n_prompts": int(rb.size), "eval/samples_per_prompt": evaluator.samples,
-                        "eval/reward_before": float(rb.mean()),
-                        "eval/reward_after": float(ra.mean()), "eval/reward_gain": float(ra.mean() - rb.mean()),
-                        "eval/reward_gain_ci95": [float(lo), float(hi)], "eval/kl": float(after["kl"]),
-                        "eval/response_length_before": float(before["response_length"]),
-                        "eval/response_length_after": float(after["response_length"])})
-        with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as fh:
-            for i in range(rb_s.size):
-                fh.write(json.dumps({"prompt": after["prompts"][i], "before": before["responses"][i],
-                                     "after": after["responses"][i], "reward_before": float(rb_s[i]),
-                                     "reward_after": float(ra_s[i])}, ensure_ascii=False) + "\n")
+    if evals.available:
+        before = evals.reference()
+        after = evals.policy(state.actor)
+        summary.update(final_summary(evals.ev, before, after))
+        write_eval_samples(out / "eval_samples.jsonl", before, after)
     else:
         logger.warning("no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
     summary["time/eval_s"] = time.perf_counter() - t0

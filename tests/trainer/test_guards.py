@@ -127,29 +127,63 @@ def test_perplexity_guard_baseline_and_rollback():
         Guards(CFG).check_perplexity(0, math.inf)
 
 
-def test_nan_guard_counts_consecutive_steps():
-    g = Guards(CFG)
-    assert g.note_nan(1) == [] and g.note_nan(2) == []
-    g.note_finite(3)  # streak broken
-    assert g.note_nan(4) == [] and g.note_nan(5) == []
-    acts = g.note_nan(6)
+class _DeviceCounts:
+    """The train step's NaN counters (TrainState.nan_streak/nan_total) as the loop drives them: a skipped update
+    adds 1 to both, a finite one zeroes the streak, a rollback action zeroes the streak."""
+
+    def __init__(self):
+        self.streak = self.total = 0
+
+    def step(self, g: Guards, step: int, finite: bool):
+        self.streak = 0 if finite else self.streak + 1
+        self.total += 0 if finite else 1
+        acts = g.check_nan(step, self.streak, self.total)
+        if any(a.kind == "rollback" for a in acts):
+            self.streak = 0
+        return acts
+
+
+def test_nan_guard_reads_the_device_counts():
+    g, dev = Guards(CFG), _DeviceCounts()
+    assert dev.step(g, 1, False) == [] and dev.step(g, 2, False) == []
+    assert dev.step(g, 3, True) == []  # streak broken
+    assert dev.step(g, 4, False) == [] and dev.step(g, 5, False) == []
+    acts = dev.step(g, 6, False)
     assert kinds(acts) == ["rollback"] and acts[0].data["nan_steps"] == 3 and acts[0].data["nan_total"] == 5
-    assert g.note_nan(7) == []  # the count restarts after a rollback
-    g1 = Guards(GuardsConfig(max_nan_steps=1))
-    assert kinds(g1.note_nan(0)) == ["rollback"]
+    assert dev.step(g, 7, False) == []  # the count restarts after a rollback
+    # hand cases of the rule streak >= max_nan_steps, no host state
+    assert Guards(CFG).check_nan(9, 2, 10) == [] and kinds(Guards(CFG).check_nan(9, 3, 3)) == ["rollback"]
+    assert kinds(Guards(GuardsConfig(max_nan_steps=1)).check_nan(0, 1, 1)) == ["rollback"]
+    assert "nan_streak" not in Guards(CFG).state_dict()  # one source of truth: the TrainState
+    with pytest.raises(ValueError, match="streak <= total"):
+        Guards(CFG).check_nan(1, 2, 1)
+    with pytest.raises(ValueError, match="streak <= total"):
+        Guards(CFG).check_nan(1, -1, 0)
 
 
-def _drive(g: Guards, events):
+@given(st.lists(st.booleans(), max_size=40), st.integers(1, 5))
+def test_nan_guard_matches_a_numpy_streak_model(finite, max_nan):
+    """Rollback steps = where an independent run-length count of NaN steps (reset at each rollback) hits max."""
+    g, dev = Guards(GuardsConfig(max_nan_steps=max_nan)), _DeviceCounts()
+    got = [i for i, f in enumerate(finite) if kinds(dev.step(g, i, f)) == ["rollback"]]
+    want, run = [], 0
+    for i, f in enumerate(np.asarray(finite, bool)):
+        run = 0 if f else run + 1
+        if run == max_nan:
+            want.append(i)
+            run = 0
+    assert got == want
+
+
+def _drive(g: Guards, events, dev: _DeviceCounts):
     out = []
     for step, kind, value in events:
         if kind == "m":
             acts = g.check(step, value)
         elif kind == "ppl":
             acts = g.check_perplexity(step, value)
-        elif kind == "nan":
-            acts = g.note_nan(step)
         else:
-            acts = g.note_finite(step)
+            acts = dev.step(g, step, kind == "ok")
         out.append([(a.kind, a.message, a.data) for a in acts])
     return out
 
@@ -169,18 +203,21 @@ def test_state_dict_round_trip_gives_identical_later_actions(events, data):
     events = [(i, k, v) for i, (k, v) in enumerate(events)]
     cut = data.draw(st.integers(0, len(events)))
     ref = Guards(CFG)
-    expected = _drive(ref, events)
-    g = Guards(CFG)
-    _drive(g, events[:cut])
+    expected = _drive(ref, events, _DeviceCounts())
+    g, dev = Guards(CFG), _DeviceCounts()
+    _drive(g, events[:cut], dev)
     restored = Guards.from_state_dict(CFG, json.loads(json.dumps(g.state_dict())))
     assert restored.state_dict() == g.state_dict()
-    assert _drive(restored, events[cut:]) == expected[cut:]
+    assert _drive(restored, events[cut:], dev) == expected[cut:]   # dev: the counts the checkpoint's state holds
 
 
 def test_from_state_dict_rejects_bad_state():
     d = Guards(CFG).state_dict()
-    with pytest.raises(ValueError, match="nan_streak"):
-        Guards.from_state_dict(CFG, {k: v for k, v in d.items() if k != "nan_streak"})
+    with pytest.raises(ValueError, match="ppl_baseline"):
+        Guards.from_state_dict(CFG, {k: v for k, v in d.items() if k != "ppl_baseline"})
+    # a version-1 state (host NaN copies) still loads; its NaN counts are ignored (the TrainState holds them)
+    old = Guards.from_state_dict(CFG, {**d, "version": 1, "nan_streak": 2, "nan_total": 4})
+    assert old.state_dict() == d
     with pytest.raises(ValueError, match="version"):
         Guards.from_state_dict(CFG, {**d, "version": 99})
 

@@ -64,22 +64,25 @@ def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_da
 
 
 def test_nan_updates_skipped_counted_and_rolled_back(make_cfg, tmp_path):
-    from jaxppo.trainer.loop import train
+    import dataclasses
+
+    from jaxppo.trainer.loop import fit
     from jaxppo.trainer.setup import build_run
 
     cfg = make_cfg("guards.max_nan_steps=3", "data.eval_fraction=0")  # no held-out evaluation needed here
     run = build_run(cfg, devices=jax.devices()[:1])
     st = dict(run.state.replay.storage)
     st["score"] = st["score"].at[:].set(jnp.nan)  # every token reward, advantage and loss becomes NaN
-    run.state = run.state.replace(replay=run.state.replay.replace(storage=st))
+    run = dataclasses.replace(run, state=run.state.replace(replay=run.state.replay.replace(storage=st)))
     initial = jax.tree.map(np.asarray, run.ref_params)
-    summary = train(cfg, run=run)
+    summary, final_state = fit(cfg, run=run)
     rows = _rows(tmp_path / "run" / "metrics.jsonl")
     assert [r["train/nan_skipped"] for r in rows] == [1.0] * 20
     assert rows[-1]["train/nan_total"] == 20.0 and summary["nan_skipped_total"] == 20
     events = [e for e in _rows(tmp_path / "run" / "events.jsonl") if e["kind"] == "rollback"]
     assert [e["step"] for e in events] == [3, 6, 9, 12, 15, 18]
-    final = jax.tree.map(np.asarray, run.state.actor)
+    final = jax.tree.map(np.asarray, final_state.actor)
+    assert int(final_state.nan_total) == 20 and int(final_state.nan_streak) == 2   # zeroed at 18, NaN at 19, 20
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(initial), jax.tree.leaves(final)))
     ckpts = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
     assert ckpts == [16, 20]   # every save happened (parameters stayed finite), keep_last=2
@@ -112,19 +115,20 @@ def test_heldout_reward_rises_with_is_and_per(make_cfg, tmp_path):
 def test_guard_actions_are_applied_and_logged(make_cfg, tmp_path):
     """KL above the threshold → actor LR x guards.kl_lr_factor (default 0.1, compounding); perplexity above
     tolerance → rollback."""
-    from jaxppo.trainer.loop import train
+    from jaxppo.trainer.loop import fit, train
     from jaxppo.trainer.setup import build_run
 
     cfg = make_cfg("guards.kl_threshold=1e-9", out=tmp_path / "kl")
     assert cfg.guards.kl_lr is None and cfg.guards.kl_lr_factor == 0.1
     run = build_run(cfg, devices=jax.devices()[:1])
-    train(cfg, run=run)
+    _, final_state = fit(cfg, run=run)
     rows = _rows(tmp_path / "kl" / "metrics.jsonl")
     cuts = [e for e in _rows(tmp_path / "kl" / "events.jsonl") if e["kind"] == "lower_lr"]
     # the guard fires when the KL crosses the threshold (again after dipping below it, e.g. right after a refresh)
     assert cuts and all(e["factor"] == 0.1 and e["kl"] > 1e-9 for e in cuts)
     assert cuts[0]["step"] < 20
-    assert float(run.state.lr_scale) == pytest.approx(0.1 ** len(cuts), rel=1e-5) and float(run.state.lr_scale) < 1
+    assert float(final_state.lr_scale) == pytest.approx(0.1 ** len(cuts), rel=1e-5) and float(final_state.lr_scale) < 1
+    assert float(run.state.lr_scale) == 1.0   # the Run is never written: its state is the initial one
     for r in rows:
         if r["step"] > 2:   # after the warmup: the configured 5e-4 times 0.1 per cut made before this step
             n = sum(e["step"] < r["step"] for e in cuts)

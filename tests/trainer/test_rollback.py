@@ -34,7 +34,7 @@ def test_rollback_restores_newest_verified_checkpoint_and_its_data_cursor(make_c
     monkeypatch.setattr(loop, "_ppl", lambda run, params: next(ppl_values))
     run = build_run(cfg, devices=jax.devices()[:1])
     assert run.n_use == 32 and run.train["prompt_ids"].shape[0] > 64
-    loop.train(cfg, run=run)
+    _, final = loop.fit(cfg, run=run)
     out = tmp_path / "run"
     events = _rows(out / "events.jsonl")
     assert [(e["step"], e["kind"]) for e in events] == [(12, "rollback"), (12, "rollback_restored")]
@@ -50,11 +50,11 @@ def test_rollback_restores_newest_verified_checkpoint_and_its_data_cursor(make_c
     assert meta["verified"] is True
     # window 1 (steps 6..10) starts at row 32; at step 12 the loop was in window 2 (row 64)
     assert int(good.data_cursor) == 32 == restored["data_cursor"]
-    assert int(run.state.data_cursor) == 32
-    np.testing.assert_array_equal(np.asarray(run.state.replay.storage["row"]), np.asarray(good.replay.storage["row"]))
-    for a, b in zip(jax.tree.leaves(run.state.actor), jax.tree.leaves(good.actor)):
+    assert int(final.data_cursor) == 32
+    np.testing.assert_array_equal(np.asarray(final.replay.storage["row"]), np.asarray(good.replay.storage["row"]))
+    for a, b in zip(jax.tree.leaves(final.actor), jax.tree.leaves(good.actor)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert int(run.state.step) == 12           # the step counter is kept
+    assert int(final.step) == 12           # the step counter is kept
 
 
 def test_length_guard_fires_on_policy_generations_not_on_data(make_cfg, tmp_path, monkeypatch):
@@ -62,15 +62,17 @@ def test_length_guard_fires_on_policy_generations_not_on_data(make_cfg, tmp_path
     from jaxppo.trainer.setup import build_run
 
     cfg = make_cfg("trainer.eval_every=1", "trainer.total_steps=4", "trainer.save_every=100")
-    policy_lengths = iter([4.0, 4.0, 4.0, 9.0])   # the policy's generations double at step 4
+    policy_lengths = iter([4.0, 4.0, 4.0, 4.0, 9.0])   # step 0 (the reference), 1..4: doubles at step 4
 
-    def fake_eval(self, params):
+    def fake_eval(self, model, reference):
         n = self.prompt_ids.shape[0]
         length = next(policy_lengths, 4.0)   # the summary's before/after evaluations come last
         return {"rewards": np.zeros(n, np.float32), "kl": 0.0, "response_length": length,
                 "responses": ["x"] * n, "prompts": ["p"] * n}
 
-    monkeypatch.setattr(loop._Evaluator, "__call__", fake_eval)
+    from jaxppo.trainer.evaluation import HeldoutEval
+
+    monkeypatch.setattr(HeldoutEval, "__call__", fake_eval)
     run = build_run(cfg, devices=jax.devices()[:1])
     step = run.step
     calls = iter(range(100))
@@ -79,12 +81,14 @@ def test_length_guard_fires_on_policy_generations_not_on_data(make_cfg, tmp_path
         state, metrics = step(state)
         return state, {**metrics, "response_length/mean": 2.0 * 4.0 ** next(calls)}
 
-    run.step = step_with_growing_data
-    loop.train(cfg, run=run)
+    import dataclasses
+
+    loop.train(cfg, run=dataclasses.replace(run, step=step_with_growing_data))
     out = tmp_path / "run"
     rows = _rows(out / "metrics.jsonl")
-    assert [r["response_length/mean"] for r in rows] == [2.0, 8.0, 32.0, 128.0]   # still logged as data
-    assert [r["eval/response_length"] for r in rows] == [4.0, 4.0, 4.0, 9.0]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]   # step 0: the reference's evaluation
+    assert [r["response_length/mean"] for r in rows[1:]] == [2.0, 8.0, 32.0, 128.0]   # still logged as data
+    assert [r["eval/response_length"] for r in rows] == [4.0, 4.0, 4.0, 4.0, 9.0]
     warnings = [e for e in _rows(out / "events.jsonl") if e["kind"] == "length_warning"]
     assert [(e["step"], e["key"]) for e in warnings] == [(4, "eval/response_length")]
     assert warnings[0]["running_mean"] == pytest.approx(4.0)
@@ -97,8 +101,10 @@ def test_length_probe_feeds_the_guard(make_cfg, tmp_path):
 
     cfg = make_cfg("guards.length_probe_every=2", "guards.length_probe_prompts=3", "trainer.total_steps=4",
                    "trainer.save_every=100")
+    from jaxppo.models.eos import eos_ids
+
     run = build_run(cfg, devices=jax.devices()[:1])
-    probe = _LengthProbe(run)
+    probe = _LengthProbe(run, eos_ids(run.reference().config, run.tokenizer))
     assert probe.prompt_ids.shape[0] == 3 and not probe.due(1) and probe.due(2)
     before = probe(run.ref_params)
     # independent count: greedy generation of each prompt alone, tokens up to and including the first EOS
