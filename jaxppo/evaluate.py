@@ -22,7 +22,8 @@ Writes ``DIR/eval.json``:
 - ``eval/response_length_policy|reference``, ``n_prompts``, ``n_heldout_rows``, the paths and the config;
 
 and ``DIR/eval_samples.jsonl`` (one line a prompt: ``prompt``, ``response_policy``,
-``response_reference``, ``reward_policy``, ``reward_reference``), and prints a short table. The mesh is
+``response_reference``, ``reward_policy``, ``reward_reference``), and prints a short table. The evaluation is
+the trainers' own (``jaxppo.trainer.evaluation.heldout_eval`` / ``compare``). The mesh is
 ``mesh.data × mesh.fsdp × mesh.tensor`` of the first devices. Bad input (missing policy, no held-out
 prompts, a policy whose vocabulary differs from the reference's) exits with status 2 and one line.
 """
@@ -36,12 +37,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
 from jaxppo.config import Config, to_dict
 
 PROG = "python -m jaxppo.evaluate"
-EVAL_KEY_SALT = 10_007  # the trainer's evaluation key: fold_in(PRNGKey(trainer.seed), 10007)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
@@ -78,26 +76,19 @@ def check_same_vocab(policy: Any, reference: Any, policy_path: str, reference_pa
                              f"tokenizer (model.tokenizer_path or model.path)")
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> int | tuple[int, ...] | None:
-    ids = tuple(getattr(model.config, "eos_token_ids", ()) or ())
-    if not ids and isinstance(getattr(tokenizer, "eos_token_id", None), int):
-        ids = (tokenizer.eos_token_id,)
-    return None if not ids else (ids[0] if len(ids) == 1 else ids)
-
-
 def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] | None = None) -> dict[str, Any]:
     """Run the evaluation described by the module doc; writes ``cfg.trainer.output_dir`` and returns eval.json."""
     import jax
 
-    from jaxppo.cli_util import resolve_model_path, tokenizer_path
     from jaxppo.config import ConfigError
-    from jaxppo.data.tokenize import pad_id_of
     from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
+    from jaxppo.models.dtypes import dtype_of
+    from jaxppo.models.eos import eos_ids
     from jaxppo.parallel import make_mesh, merged_rules
     from jaxppo.rewards import reward_fn_from_config
-    from jaxppo.trainer.evaluation import (bootstrap_ci, evaluate_policy, heldout_eval_prompts, heldout_perplexity,
-                                           prompt_means)
-    from jaxppo.trainer.setup import _DTYPES, split_data
+    from jaxppo.trainer.evaluation import compare, heldout_eval, heldout_perplexity, write_eval_samples
+    from jaxppo.trainer.setup import split_data
 
     t0 = time.perf_counter()
     out = Path(cfg.trainer.output_dir)
@@ -117,53 +108,42 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
         rules = merged_rules(m.rules)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    kw = dict(dtype=_DTYPES[cfg.model.param_dtype], compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh,
+    kw = dict(dtype=dtype_of(cfg.model.param_dtype), compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh,
               rules=rules)
     reference = load_pretrained(ref_path, **kw)
     pol_model = reference if pol_path == ref_path else load_pretrained(pol_path, **kw)
     check_same_vocab(pol_model, reference, pol_path, ref_path, tokenizer)
 
     _, heldout, _ = split_data(cfg, tokenizer)  # the trainer's rows and split (behaviour log-probs not needed)
-    k = cfg.trainer.eval_samples
-    prompt_ids, prompt_mask = heldout_eval_prompts(heldout, cfg.trainer.eval_prompts, k)
-    if prompt_ids.shape[0] == 0:
+    ev = heldout_eval(cfg, heldout, tokenizer, eos_ids(reference.config, tokenizer), reward_fn=reward_fn)
+    if not ev.available:
         raise ValueError(f"no held-out prompts in {cfg.data.path}: data.eval_fraction={cfg.data.eval_fraction} "
                          "leaves none (set data.eval_fraction > 0 and a dataset with at least 2 prompt groups)")
     t_load = time.perf_counter() - t0
 
-    ro = cfg.rollout
-    gen_kw = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length), temperature=ro.temperature,
-                  top_k=ro.top_k, top_p=ro.top_p, eos_token_id=_eos_ids(reference, tokenizer),
-                  pad_token_id=pad_id_of(tokenizer), batch_size=ro.batch_size)
-    key = jax.random.fold_in(jax.random.PRNGKey(cfg.trainer.seed), EVAL_KEY_SALT)
     t1 = time.perf_counter()
-    ref_ev = evaluate_policy(reference, reference, tokenizer, prompt_ids, prompt_mask, reward_fn, key, **gen_kw)
-    pol_ev = evaluate_policy(pol_model, reference, tokenizer, prompt_ids, prompt_mask, reward_fn, key, **gen_kw)
+    ref_ev = ev(reference, reference)
+    pol_ev = ev(pol_model, reference)
     t_gen = time.perf_counter() - t1
     ppl_ref = heldout_perplexity(reference, heldout, batch_size=cfg.data.behaviour_batch_size)
     ppl_pol = ppl_ref if pol_model is reference else heldout_perplexity(pol_model, heldout,
                                                                         batch_size=cfg.data.behaviour_batch_size)
-    rr_s = np.asarray(ref_ev["rewards"], np.float64)
-    rp_s = np.asarray(pol_ev["rewards"], np.float64)
-    rr, rp = prompt_means(rr_s, k), prompt_means(rp_s, k)
-    lo, hi = bootstrap_ci(rr, rp, seed=cfg.trainer.seed)
+    c = compare(ref_ev, pol_ev, ev.samples, seed=cfg.trainer.seed)
     result: dict[str, Any] = {
-        "eval/reward_policy": float(rp.mean()), "eval/reward_reference": float(rr.mean()),
-        "eval/reward_gain": float(rp.mean() - rr.mean()), "eval/reward_gain_ci95": [float(lo), float(hi)],
+        "eval/reward_policy": c["reward_after"], "eval/reward_reference": c["reward_before"],
+        "eval/reward_gain": c["gain"], "eval/reward_gain_ci95": c["gain_ci95"],
         "eval/kl": float(pol_ev["kl"]), "eval/perplexity": float(ppl_pol), "eval/perplexity_reference": float(ppl_ref),
         "eval/response_length_policy": float(pol_ev["response_length"]),
         "eval/response_length_reference": float(ref_ev["response_length"]),
-        "n_prompts": int(rp.size), "samples_per_prompt": k, "n_heldout_rows": int(heldout["prompt_ids"].shape[0]),
+        "n_prompts": c["n_prompts"], "samples_per_prompt": ev.samples,
+        "n_heldout_rows": int(heldout["prompt_ids"].shape[0]),
         "policy": pol_path, "reference": ref_path, "reward": cfg.reward.kind,
         "time_s": {"load": t_load, "generate": t_gen, "total": time.perf_counter() - t0},
         "config": to_dict(cfg),
     }
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(rp_s.size):
-            fh.write(json.dumps({"prompt": pol_ev["prompts"][i], "response_policy": pol_ev["responses"][i],
-                                 "response_reference": ref_ev["responses"][i], "reward_policy": float(rp_s[i]),
-                                 "reward_reference": float(rr_s[i])}, ensure_ascii=False) + "\n")
+    write_eval_samples(out / "eval_samples.jsonl", ref_ev, pol_ev, names=("reference", "policy"),
+                       response_prefix="response_")
     (out / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     return result
 

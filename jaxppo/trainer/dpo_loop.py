@@ -43,7 +43,6 @@ from jaxppo.trainer.dpo_step import PAIR_KEYS, DPOHParams, DPOState, batch_indic
 
 logger = logging.getLogger("jaxppo.trainer")
 
-EVAL_KEY_SALT = 10_007  # the evaluation key of the PPO trainer and jaxppo.evaluate
 ROLLBACK_FIELDS = ("actor", "actor_opt", "data_cursor")
 
 
@@ -127,12 +126,12 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     """Everything a DPO run needs (see the module doc)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from jaxppo.cli_util import resolve_model_path, tokenizer_path
     from jaxppo.data import split_by_group
     from jaxppo.data.behaviour import default_cache_dir
     from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
+    from jaxppo.models.dtypes import dtype_of
     from jaxppo.parallel import batch_sharding, make_mesh, merged_rules
-    from jaxppo.trainer.setup import _DTYPES
     from jaxppo.trainer.state import init_optimizer, lr_schedule, make_optimizer, replicate_leaves, shardings_of, \
         split_params
 
@@ -146,8 +145,8 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(tokenizer_path(cfg.model))
     arrays, group, report = load_pairs(cfg, tokenizer)
-    model = load_pretrained(model_path, dtype=_DTYPES[cfg.model.param_dtype],
-                            compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh, rules=rules,
+    model = load_pretrained(model_path, dtype=dtype_of(cfg.model.param_dtype),
+                            compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh, rules=rules,
                             remat=cfg.model.remat)
     cache_dir = cfg.data.cache_dir if cfg.data.cache_dir is not None else default_cache_dir(cfg.data.path)
     arrays["ref_chosen"], arrays["ref_rejected"] = reference_logps(
@@ -222,6 +221,8 @@ def _meta(run: DPORun, guards) -> dict[str, Any]:
 
 
 def _rollback(run: DPORun, ckpt: Checkpointer, state: DPOState, step_no: int, mlog) -> DPOState:
+    # the NaN streak restarts whatever happens next (the NaN guard reads the device counts)
+    state = state.replace(nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
     ckpt.wait()
     verified_only = ckpt.newest_verified() is not None
     res = ckpt.restore_newest(state, verified_only=verified_only)
@@ -241,6 +242,7 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
     """Run the DPO job described by ``cfg``; returns (and writes) the summary dict."""
     from jaxppo.trainer.guards import Guards
     from jaxppo.trainer.metrics_log import MetricsLogger
+    from jaxppo.trainer.trackers import resolve_logger
 
     t_start = time.perf_counter()
     tc = cfg.trainer
@@ -273,8 +275,9 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
     have_heldout = run.heldout["prompt_ids"].shape[0] > 0
     if guards.ppl_baseline is None and have_heldout:
         guards.check_perplexity(0, _ppl(run, state.actor))
-    mlog = MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tc.tensorboard,
-                         progress=tc.progress)
+    tb_on, trackers = resolve_logger(tc.logger, tc.tensorboard)
+    mlog = MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tb_on, progress=tc.progress,
+                         trackers=trackers, run_name=tc.run_name, group=tc.group, run_config=to_dict(cfg))
     for bad_step, moved, why in damaged:
         mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}", checkpoint_step=bad_step,
                    moved_to=str(moved))
@@ -297,8 +300,8 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
             metrics["perf/step_time_s"] = dt
             metrics["perf/throughput"] = tokens_per_step / max(dt, 1e-9)
             step_no = s + 1
-            actions = list(guards.note_nan(step_no) if metrics["train/nan_skipped"] > 0
-                           else guards.note_finite(step_no))
+            actions = guards.check_nan(step_no, *(int(x) for x in jax.device_get((state.nan_streak,
+                                                                                  state.nan_total))))
             ppl_checked = have_heldout and step_no % cfg.guards.ppl_every == 0
             if ppl_checked:
                 metrics["eval/perplexity"] = _ppl(run, state.actor)
@@ -329,11 +332,10 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
 
 
 def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any]) -> None:
-    """The PPO trainer's final before/after evaluation on the held-out prompts (module doc)."""
-    from jaxppo.data.tokenize import pad_id_of
-    from jaxppo.evaluate import _eos_ids
-    from jaxppo.rewards import reward_fn_from_config
-    from jaxppo.trainer.evaluation import bootstrap_ci, evaluate_policy, heldout_eval_prompts, prompt_means
+    """The PPO trainer's final before/after evaluation on the held-out prompts (module doc): the shared
+    ``jaxppo.trainer.evaluation`` path (``heldout_eval``, ``final_summary``, ``write_eval_samples``)."""
+    from jaxppo.models.eos import eos_ids
+    from jaxppo.trainer.evaluation import final_summary, heldout_eval, write_eval_samples
 
     cfg = run.cfg
     rc = cfg.reward
@@ -344,33 +346,15 @@ def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any
         print(f"warning: {msg}", flush=True)
         summary["eval/reward_skipped"] = msg
         return
-    samples = cfg.trainer.eval_samples
-    p_ids, p_mask = heldout_eval_prompts(run.heldout, cfg.trainer.eval_prompts, samples)
-    if p_ids.shape[0] == 0:
+    ref = run.reference()
+    ev = heldout_eval(cfg, run.heldout, run.tokenizer, eos_ids(ref.config, run.tokenizer))
+    if not ev.available:
         logger.warning("no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
         return
-    reward_fn = reward_fn_from_config(rc)
-    ro = cfg.rollout
-    kw = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length), temperature=ro.temperature,
-              top_k=ro.top_k, top_p=ro.top_p, eos_token_id=_eos_ids(run.reference(), run.tokenizer),
-              pad_token_id=pad_id_of(run.tokenizer), batch_size=ro.batch_size)
-    key = jax.random.fold_in(jax.random.PRNGKey(cfg.trainer.seed), EVAL_KEY_SALT)
-    ref = run.reference()
-    before = evaluate_policy(ref, ref, run.tokenizer, p_ids, p_mask, reward_fn, key, **kw)
-    after = evaluate_policy(run.policy(state.actor), ref, run.tokenizer, p_ids, p_mask, reward_fn, key, **kw)
-    rb_s, ra_s = np.asarray(before["rewards"], np.float64), np.asarray(after["rewards"], np.float64)
-    rb, ra = prompt_means(rb_s, samples), prompt_means(ra_s, samples)
-    lo, hi = bootstrap_ci(rb, ra, seed=cfg.trainer.seed)
-    summary.update({"eval/n_prompts": int(rb.size), "eval/samples_per_prompt": samples,
-                    "eval/reward_before": float(rb.mean()), "eval/reward_after": float(ra.mean()),
-                    "eval/reward_gain": float(ra.mean() - rb.mean()), "eval/reward_gain_ci95": [float(lo), float(hi)],
-                    "eval/kl": float(after["kl"]), "eval/response_length_before": float(before["response_length"]),
-                    "eval/response_length_after": float(after["response_length"])})
-    with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(rb_s.size):
-            fh.write(json.dumps({"prompt": after["prompts"][i], "before": before["responses"][i],
-                                 "after": after["responses"][i], "reward_before": float(rb_s[i]),
-                                 "reward_after": float(ra_s[i])}, ensure_ascii=False) + "\n")
+    before = ev(ref, ref)
+    after = ev(run.policy(state.actor), ref)
+    summary.update(final_summary(ev, before, after))
+    write_eval_samples(out / "eval_samples.jsonl", before, after)
 
 
 def finish_dpo(run: DPORun, state: DPOState, out: Path, timing: dict) -> dict[str, Any]:

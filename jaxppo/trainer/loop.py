@@ -303,6 +303,7 @@ def _finish(run: Run, state, evals: _Evaluations, out: Path, timing: dict) -> di
                                "train/samples_consumed": int(cfg.trainer.total_steps
                                                              * cfg.actor.ppo_mini_batch_size),
                                "train/tokens_consumed": float(timing["tokens_consumed"]),
+                               **dict(getattr(run, "pf_stats", None) or {}),   # e.g. pf_ppo/dropped_groups
                                "time/setup_s": timing["setup_s"], "time/train_s": timing["train_s"],
                                "time/first_step_s": timing["compile_s"]}
     t0 = time.perf_counter()
