@@ -151,7 +151,11 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
         raise ConfigError(f"{prefix or '<root>'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    removed = getattr(cls, "REMOVED_KEYS", {})  # key -> why it went (a class attribute of the section)
     for k in data:
+        if k not in fields and k in removed:
+            full = f"{prefix}.{k}" if prefix else str(k)
+            raise ConfigError(f"unknown key {full!r}: it was removed ({removed[k]}); delete it from the config")
         if k not in fields:
             full = f"{prefix}.{k}" if prefix else str(k)
             close = difflib.get_close_matches(str(k), list(fields), n=1, cutoff=0.5)
