@@ -9,7 +9,7 @@ rules are checked in ``__post_init__`` and name the offending key.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from jaxppo.config.core import ConfigError, check, field
 
@@ -153,6 +153,11 @@ class PFPPOConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "buckets": "the trainer never read it: every run uses one fixed shape (max_prompt_length, "
+                   "max_response_length)",
+        "bucket_multiple": "it belonged to data.buckets, which the trainer never read"}
+
     path: str | None = None  # local json/jsonl(.gz)/parquet/arrow file, or a hub dataset name
     split: str = "train"
     schema: Literal["preference", "scored"] = "scored"
@@ -170,8 +175,6 @@ class DataConfig:
     chat_template: bool = False  # render text prompts with the tokenizer's chat template
     # a Jinja chat template that replaces the tokenizer's (for chat-message data and chat_template=true)
     chat_template_file: str | None = None
-    buckets: int = field(1, ge=1)  # static length buckets per axis (1 = one fixed shape)
-    bucket_multiple: int = field(8, ge=1)  # bucket lengths are multiples of this
     behaviour_batch_size: int = field(32, ge=1)  # batch size of the behaviour log-prob pass
     collect_if_missing: bool = False  # train: run jaxppo.collect into data.path's folder when the file is missing
 
@@ -195,7 +198,10 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    kind: Literal["vader", "length", "format", "model"] = "vader"
+    """``kind``: a reward of the registry ``jaxppo.rewards`` (built in: vader, length, format, model; more with
+    ``jaxppo.rewards.register_reward`` before the config is loaded); an unknown name is an error listing them."""
+
+    kind: str = "vader"
     model_path: str | None = None  # reward-model directory, kind=model
     target_length: int = field(32, ge=1)  # length reward target
     format_pattern: str = r"[A-Z].*[.!?]"  # format reward: 1 if the stripped response fully matches
@@ -208,6 +214,14 @@ class RewardConfig:
     warmup_steps: int = field(0, ge=0)
     schedule: Literal["constant", "cosine"] = "constant"
     eval_batch_size: int = field(64, ge=1)
+
+    def __post_init__(self):
+        from jaxppo.rewards.registry import available_rewards
+
+        names = available_rewards()
+        check(self.kind in names, "reward.kind",
+              f"unknown reward {self.kind!r}; available: {', '.join(names)} (register others with "
+              "jaxppo.rewards.register_reward before loading the config)")
 
 
 @dataclass(frozen=True)
@@ -268,7 +282,7 @@ class TrainerConfig:
     save_every: int = field(50, ge=1)
     keep_last: int = field(3, ge=1)
     resume: Literal["auto", "never"] = "auto"
-    log_every: int = field(1, ge=1)
+    log_every: int = field(1, ge=1)  # metrics.jsonl every k steps (and at evaluations, guard actions, the end)
     eval_every: int | None = field(None, ge=1)
     eval_prompts: int = field(64, ge=1)
     eval_samples: int = field(1, ge=1)  # responses per held-out prompt; rewards are averaged per prompt
