@@ -1,8 +1,8 @@
 """Pure RL maths for PPO on ``[B, T]`` arrays with a ``mask`` (1 on response tokens); verl numerics.
 
-Public API (DESIGN.md section 4) plus the KL-coefficient controllers. Every function is jittable;
+Public API (DESIGN.md section 4). Every function is jittable;
 docstrings give the formulas. Modules: ``advantages`` (GAE), ``masked`` (masked reductions, whitening),
-``logits`` (entropy, log-probs), ``kl`` (estimators, controllers), ``losses`` (aggregation, policy and value
+``logits`` (entropy, log-probs), ``kl`` (estimators, the adaptive KL coefficient), ``losses`` (aggregation, policy and value
 losses), ``importance`` (behaviour importance weights), ``group_advantages`` (critic-free estimators and the
 ``ADVANTAGE_ESTIMATORS`` registry), ``priorities`` (replay priorities, ``PRIORITY_FNS``), ``rollout_correction``
 (verl's rollout IS weights, rejection masks, off-policy diagnostics), ``dpo`` (DPO-family losses).
@@ -14,8 +14,7 @@ from jaxppo.ops.group_advantages import (ADVANTAGE_ESTIMATORS, AdvantageEstimato
                                          get_advantage_estimator, grpo_advantages, register_advantage_estimator,
                                          reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages)
 from jaxppo.ops.importance import importance_weights
-from jaxppo.ops.kl import (AdaptiveKLController, FixedKLController, adaptive_kl_update, kl_penalty,
-                           make_kl_controller, update_kl_controller)
+from jaxppo.ops.kl import adaptive_kl_update, kl_penalty
 from jaxppo.ops.logits import entropy_from_logits, logprobs_from_logits
 from jaxppo.ops.losses import aggregate, policy_loss, value_loss
 from jaxppo.ops.masked import masked_mean, masked_whiten
@@ -24,10 +23,8 @@ from jaxppo.ops.rollout_correction import offpolicy_metrics, rejection_mask, rol
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
-    "AdaptiveKLController",
     "AdvantageEstimator",
     "AdvantageHParams",
-    "FixedKLController",
     "PRIORITY_FNS",
     "adaptive_kl_update",
     "aggregate",
@@ -39,7 +36,6 @@ __all__ = [
     "importance_weights",
     "kl_penalty",
     "logprobs_from_logits",
-    "make_kl_controller",
     "masked_mean",
     "masked_whiten",
     "offpolicy_metrics",
@@ -54,6 +50,5 @@ __all__ = [
     "rloo_advantages",
     "rollout_correction_weights",
     "rpo_nll",
-    "update_kl_controller",
     "value_loss",
 ]

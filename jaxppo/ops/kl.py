@@ -1,4 +1,4 @@
-"""KL estimators (Schulman's k1/k2/k3, ``abs``, straight-through ``+`` forms) and KL-coefficient controllers.
+"""KL estimators (Schulman's k1/k2/k3, ``abs``, straight-through ``+`` forms) and the adaptive KL coefficient.
 
 With ``d = logp - ref_logp`` (per token, samples from the policy):
 
@@ -10,8 +10,8 @@ With ``d = logp - ref_logp`` (per token, samples from the policy):
 * ``<base>+`` (``k1+``, ``k3+``, ...): the value of ``<base>`` with the gradient of ``k2``
   (``k2 - stop_gradient(k2) + stop_gradient(base)``); ``k2+`` is ``k2``.
 
-Controllers are pytrees (``flax.struct``) with a pure ``update(state, current_kl, n_steps) -> state``:
-fixed (no-op) and adaptive (Ziegler et al. 2019):
+``adaptive_kl_update`` is the adaptive controller of Ziegler et al. (2019), a pure function of the coefficient
+(the trainer keeps it in ``TrainState.kl_coef``; a fixed controller is no update):
 ``coef <- coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon)``.
 """
 
@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from jaxppo.ops._checks import check_choice, check_same_shape, check_scalar_range, compute_dtype
 
@@ -68,53 +67,3 @@ def adaptive_kl_update(coef: Any, current_kl: Any, n_steps: Any, *, target: Any,
     coef = jnp.asarray(coef, jnp.float32)
     err = jnp.clip(jnp.asarray(current_kl, jnp.float32) / target - 1.0, -0.2, 0.2)
     return coef * (1.0 + err * jnp.asarray(n_steps, jnp.float32) / horizon)
-
-
-@struct.dataclass
-class FixedKLController:
-    """Constant KL coefficient ``value``; ``update`` returns the state unchanged."""
-
-    value: jax.Array
-
-    def update(self, current_kl: Any, n_steps: Any) -> "FixedKLController":
-        del current_kl, n_steps
-        return self
-
-
-@struct.dataclass
-class AdaptiveKLController:
-    """Adaptive KL coefficient: ``update`` applies :func:`adaptive_kl_update` to ``value``."""
-
-    value: jax.Array
-    target: jax.Array
-    horizon: jax.Array
-
-    def update(self, current_kl: Any, n_steps: Any) -> "AdaptiveKLController":
-        return self.replace(value=adaptive_kl_update(self.value, current_kl, n_steps, target=self.target,
-                                                     horizon=self.horizon))
-
-
-KLController = FixedKLController | AdaptiveKLController
-
-
-def make_kl_controller(kind: str, *, kl_coef: float, target_kl: float | None = None,
-                       horizon: float | None = None) -> KLController:
-    """Controller state from verl-style settings ``kl_ctrl.{type,kl_coef,target_kl,horizon}``."""
-    check_choice("kl_ctrl.type", kind, ("fixed", "adaptive"))
-    check_scalar_range("kl_coef", kl_coef, ge=0.0)
-    value = jnp.asarray(kl_coef, jnp.float32)
-    if kind == "fixed":
-        return FixedKLController(value=value)
-    if target_kl is None or horizon is None:
-        raise ValueError("kl_ctrl.type='adaptive' needs target_kl and horizon")
-    check_scalar_range("target_kl", target_kl, gt=0.0)
-    check_scalar_range("horizon", horizon, gt=0.0)
-    return AdaptiveKLController(value=value, target=jnp.asarray(target_kl, jnp.float32),
-                                horizon=jnp.asarray(horizon, jnp.float32))
-
-
-def update_kl_controller(state: KLController, current_kl: Any, n_steps: Any) -> KLController:
-    """Pure update ``state -> state`` (jittable; works on either controller)."""
-    if not isinstance(state, (FixedKLController, AdaptiveKLController)):
-        raise TypeError(f"state must be a FixedKLController or AdaptiveKLController, got {type(state).__name__}")
-    return state.update(current_kl, n_steps)
