@@ -6,7 +6,7 @@ length per row: the layout of our responses) and ``holes`` (the same plus ~20% i
 * ``loop_numpy``  — reverse Python loop over t, a handful of numpy ``[B]`` vector ops per step.
 * ``loop_torch``  — the same loop with torch tensors under ``no_grad`` (verl's ``compute_gae_advantage_return``
   structure; the real baseline a verl user runs).
-* ``scan``        — ``jaxppo.ops.advantages.gae_scan``: jitted reverse ``lax.scan`` over time-major data.
+* ``scan``        — ``gae_variants.gae_scan``: jitted reverse ``lax.scan`` over time-major data.
 * ``scan_unrollK`` — the same with ``unroll=K``.
 * ``associative`` — ``gae_associative``: two log-depth ``lax.associative_scan`` affine scans.
 * ``chunkedC``    — ``gae_chunked``: two-level blocked scan with chunks of C steps.
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.ops import gae
-from jaxppo.ops.advantages import gae_associative, gae_blocked, gae_chunked, gae_scan
+from gae_variants import gae_associative, gae_blocked, gae_chunked, gae_scan  # benchmarks/ (run as a script)
 
 B = 256
 GAMMA, LAM = 0.99, 0.95

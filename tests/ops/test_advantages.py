@@ -1,8 +1,7 @@
-"""GAE: hand-computed case, reference on random masks, all formulations equal, gradients, properties."""
+"""GAE: hand-computed case, reference on random (holed and prefix) masks, gradients, properties. The benchmark-only
+formulations are tested in tests/benchmarks/test_gae_variants.py."""
 
 from __future__ import annotations
-
-import functools
 
 import chex
 import hypothesis.extra.numpy as hnp
@@ -14,14 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxppo.ops import gae
-from jaxppo.ops.advantages import gae_associative, gae_blocked, gae_chunked, gae_scan, is_prefix_mask
+from jaxppo.ops.advantages import is_prefix_mask
 from tests.ops import reference as ref
 from tests.ops._data import random_inputs
 
-VARIANTS = {"gae": gae, "scan": gae_scan, "associative": gae_associative,
-            "chunked": gae_chunked, "chunked3": functools.partial(gae_chunked, chunk=3)}
-#: formulations that are only valid for prefix (right-padded) masks
-PREFIX_VARIANTS = {"gae": gae, "blocked": gae_blocked, "blocked3": functools.partial(gae_blocked, block=3)}
 
 
 class GaeTest(chex.TestCase):
@@ -77,59 +72,37 @@ class GaeTest(chex.TestCase):
                 np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4)
 
 
-def test_all_formulations_match_reference():
-    _, m, x = random_inputs(seed=1, b=6, t=11)
-    r, v = x(), x()
-    prefix = (np.arange(11)[None, :] < np.array([0, 11, 1, 4, 9, 5])[:, None]).astype(np.float32)
-    for mask, variants in ((m, VARIANTS), (prefix, {**VARIANTS, **PREFIX_VARIANTS})):
-        want_adv, want_ret = ref.gae(r, v, mask, 0.97, 0.9)
-        for name, fn in variants.items():
-            adv, ret = jax.jit(fn)(r, v, mask, 0.97, 0.9)
-            np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5, err_msg=name)
-            np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5, err_msg=name)
-
-
 _T = 8
 _B = 4
 _floats = hnp.arrays(np.float32, (_B, _T), elements=st.floats(-5, 5, width=32))
 _masks = hnp.arrays(np.bool_, (_B, _T))
 
 
-@functools.lru_cache(maxsize=None)
-def _jitted(name):
-    return jax.jit(VARIANTS[name])
+_gae_jit = jax.jit(gae)
 
 
-@given(r=_floats, v=_floats, m=_masks, gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0),
-       name=st.sampled_from(sorted(VARIANTS)))
-def test_property_equals_naive_reverse_recursion(r, v, m, gamma, lam, name):
-    adv, ret = _jitted(name)(r, v, m, gamma, lam)
+@given(r=_floats, v=_floats, m=_masks, gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
+def test_property_equals_naive_reverse_recursion(r, v, m, gamma, lam):
+    adv, ret = _gae_jit(r, v, m, gamma, lam)
     want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
     np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ret, want_ret, rtol=1e-4, atol=1e-4)
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_prefix(name):
-    return jax.jit(PREFIX_VARIANTS[name])
 
 
 @given(r=_floats, v=_floats, lengths=hnp.arrays(np.int64, (_B,), elements=st.integers(0, _T)),
-       gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0), name=st.sampled_from(sorted(PREFIX_VARIANTS)))
-def test_property_prefix_masks_equal_naive_reverse_recursion(r, v, lengths, gamma, lam, name):
+       gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
+def test_property_prefix_masks_equal_naive_reverse_recursion(r, v, lengths, gamma, lam):
     m = np.arange(_T)[None, :] < lengths[:, None]
-    adv, ret = _jitted_prefix(name)(r, v, m, gamma, lam)
+    adv, ret = _gae_jit(r, v, m, gamma, lam)
     want_adv, want_ret = ref.gae(r, v, m, gamma, lam)
     np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ret, want_ret, rtol=1e-4, atol=1e-4)
 
 
-def test_is_prefix_mask_and_blocked_rejects_holes():
+def test_is_prefix_mask():
     assert bool(is_prefix_mask(np.array([[1, 1, 0], [0, 0, 0], [1, 1, 1]])))
     assert not bool(is_prefix_mask(np.array([[1, 0, 1], [1, 1, 1]])))
     assert not bool(is_prefix_mask(np.array([[0, 1, 1]])))  # left padding is not a prefix mask
-    with pytest.raises(ValueError, match="prefix mask"):
-        gae_blocked(np.zeros((1, 3), np.float32), np.zeros((1, 3), np.float32), np.array([[1, 0, 1]]), 0.9, 0.9)
 
 
 def test_full_mask_gamma_lam_one_is_reward_to_go_minus_value():
@@ -137,13 +110,6 @@ def test_full_mask_gamma_lam_one_is_reward_to_go_minus_value():
     # adv = [6-0.5, 5-0, 3-1] = [5.5, 5, 2].
     adv, _ = gae(jnp.array([[1.0, 2.0, 3.0]]), jnp.array([[0.5, 0.0, 1.0]]), jnp.ones((1, 3)), 1.0, 1.0)
     np.testing.assert_allclose(adv, [[5.5, 5.0, 2.0]], atol=1e-6)
-
-
-def test_chunked_handles_length_not_multiple_of_chunk():
-    _, m, x = random_inputs(seed=3, b=5, t=13)
-    r, v = x(), x()
-    adv, _ = gae_chunked(r, v, m, 0.99, 0.95, chunk=4)
-    np.testing.assert_allclose(adv, ref.gae(r, v, m, 0.99, 0.95)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad, match", [
