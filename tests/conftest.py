@@ -8,6 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# log-prob caches of this test session (and its subprocesses) go to a fresh folder: never ~/.cache, never ../shared
+os.environ["JAXPPO_CACHE_DIR"] = __import__("tempfile").mkdtemp(prefix="jaxppo_test_cache_")
 
 from pathlib import Path  # noqa: E402
 

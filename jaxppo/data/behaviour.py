@@ -111,12 +111,20 @@ def cache_key(model_id: str, arrays: Mapping[str, np.ndarray], *, param_dtype: A
     return h.hexdigest()
 
 
-def default_cache_dir(data_path: str | None) -> Path:
-    """``<folder of data.path>/jaxppo_cache`` for a local file, else ``~/.cache/jaxppo``."""
-    if data_path and Path(data_path).exists():
-        p = Path(data_path)
-        return (p if p.is_dir() else p.parent) / "jaxppo_cache"
-    return Path.home() / ".cache" / "jaxppo"
+def default_cache_dir(data_path: str | None = None) -> Path:
+    """``$JAXPPO_CACHE_DIR`` if set, else ``~/.cache/jaxppo`` (``$XDG_CACHE_HOME/jaxppo`` when that is set).
+
+    Never the dataset's own folder: datasets often live in read-only or shared asset folders (``../shared``),
+    and a cache written there would change them. Entries are content-addressed (model identity, dtypes, token
+    arrays: :func:`cache_key`), so one cache folder safely serves every dataset and run. ``data_path`` is
+    accepted for compatibility and ignored.
+    """
+    del data_path
+    env = os.environ.get("JAXPPO_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "jaxppo"
 
 
 def _read_cache(path: Path, key: str, shape: tuple[int, int]) -> np.ndarray | None:

@@ -108,8 +108,9 @@ def test_logged_logprobs_are_kept(stories, tmp_path):
     np.testing.assert_array_equal(out["has_behaviour"], [False, True, False])
 
 
-def test_load_scored_arrays_end_to_end(stories, tmp_path, stories_tokenizer):
+def test_load_scored_arrays_end_to_end(stories, tmp_path, stories_tokenizer, monkeypatch):
     path, model = stories
+    monkeypatch.setenv("JAXPPO_CACHE_DIR", str(tmp_path / "cache"))
     p = tmp_path / "d.jsonl"
     rows = [{"prompt": "Once upon a time", "response": " there was a dog.", "score": 1.0},
             {"prompt": "The cat", "response": " sat.", "score": 0.0, "behaviour_logprobs": [-0.5, -0.5, -0.5]}]
@@ -121,7 +122,9 @@ def test_load_scored_arrays_end_to_end(stories, tmp_path, stories_tokenizer):
     np.testing.assert_array_equal(arrays["has_behaviour"], [False, True])
     assert arrays["behaviour_logprobs"][0, :arrays["response_mask"][0].sum()].max() < 0
     assert rep.notes["behaviour_logprobs_computed"] == 1
-    assert (tmp_path / "jaxppo_cache").is_dir()  # cached beside the dataset
+    # cached in the cache folder, never beside the dataset (datasets may sit in read-only asset folders)
+    assert any((tmp_path / "cache").iterdir())
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["cache", "d.jsonl"]
 
 
 def test_cache_key_includes_param_and_compute_dtypes(stories, tmp_path):
