@@ -206,7 +206,8 @@ def collect(cfg: Config, *, progress: bool = True) -> dict:
         "logprobs": "log-prob of each sampled token under the sampling distribution (temperature/top-k/top-p "
                     "applied); equal to the model's own log-probs when temperature=1, top_k=0, top_p=1",
         "stats": {"score_mean": float(scores.mean()), "score_std": float(scores.std()),
-                  "response_length_mean": float(lengths.mean()), "finished_fraction": float(np.mean(columns["finished"])),
+                  "response_length_mean": float(lengths.mean()),
+                  "finished_fraction": float(np.mean(columns["finished"])),
                   "tokens_per_s": float(lengths.sum() / max(t_gen, 1e-9))},
         "timing_s": {"load": t_load, "generate": t_gen, "score": t_score, "total": time.perf_counter() - t0},
         "prompt_report": report.to_dict(),

@@ -17,8 +17,8 @@ generations — ``eval/response_length`` from the held-out evaluation at ``train
 states, replay buffer, data cursor and KL coefficient of the newest *verified* checkpoint (the newest
 checkpoint when none is verified, e.g. without held-out data) — ``state.replace(**fields of the restored
 checkpoint)``, a pure function of the two states — keeps the step counter, RNG, NaN total and the LR cut, zeroes
-the NaN streak and re-runs the prepare pass with the restored policy. Resume (``trainer.resume=auto``) restores the newest
-checkpoint that can be read; damaged ones are moved aside (``checkpoint_damaged`` events).
+the NaN streak and re-runs the prepare pass with the restored policy. Resume (``trainer.resume=auto``) restores
+the newest checkpoint that can be read; damaged ones are moved aside (``checkpoint_damaged`` events).
 
 Metrics (``metrics.jsonl``, every ``trainer.log_every`` steps and at every step with an evaluation, a perplexity
 check, a guard action or the last step; the guards see every step): the step's metrics, ``perf/*``, and the
