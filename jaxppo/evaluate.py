@@ -23,7 +23,8 @@ Writes ``DIR/eval.json``:
 
 and ``DIR/eval_samples.jsonl`` (one line a prompt: ``prompt``, ``response_policy``,
 ``response_reference``, ``reward_policy``, ``reward_reference``), and prints a short table. The evaluation is
-the trainers' own (``jaxppo.trainer.evaluation.heldout_eval`` / ``compare``). The mesh is
+the trainers' own (``jaxppo.trainer.evaluation.heldout_eval`` / ``compare``), run by
+:func:`jaxppo.trainer.policy_eval.evaluate`; this module parses the command line and reports. The mesh is
 ``mesh.data × mesh.fsdp × mesh.tensor`` of the first devices. Bad input (missing policy, no held-out
 prompts, a policy whose vocabulary differs from the reference's) exits with status 2 and one line.
 """
@@ -31,121 +32,14 @@ prompts, a policy whose vocabulary differs from the reference's) exits with stat
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from jaxppo.config import Config, to_dict
+# the library functions live in jaxppo.trainer.policy_eval; re-exported for callers of their old home
+from jaxppo.trainer.policy_eval import check_same_vocab, evaluate, resolve_policy_path  # noqa: F401
 
 PROG = "python -m jaxppo.evaluate"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-
-
-def resolve_policy_path(policy: str | None, model_path: str) -> str:
-    """The policy checkpoint: ``model_path`` when ``policy`` is None, else the folder/.gguf it names."""
-    if policy is None:
-        return model_path
-    p = Path(policy).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(f"--policy {policy} does not exist (give a Hugging Face folder such as a training "
-                                "run's <output_dir>/hf, or a .gguf file)")
-    if p.is_dir() and not (p / "config.json").is_file():
-        hint = (" (it looks like an Orbax checkpoint; use the run's hf/ export)"
-                if (p / "_CHECKPOINT_METADATA").exists() or p.name == "checkpoints" else "")
-        raise FileNotFoundError(f"--policy {policy}: no config.json, not a Hugging Face model folder{hint}")
-    if p.is_file() and p.suffix != ".gguf":
-        raise ValueError(f"--policy {policy}: expected a Hugging Face model folder or a .gguf file")
-    return str(p.resolve())
-
-
-def check_same_vocab(policy: Any, reference: Any, policy_path: str, reference_path: str,
-                     tokenizer: Any = None) -> None:
-    """ValueError when the policy's vocabulary (model size, or its own tokenizer files) differs."""
-    vp, vr = int(policy.config.vocab_size), int(reference.config.vocab_size)
-    if vp != vr:
-        raise ValueError(f"vocabulary mismatch: policy {policy_path} has vocab_size={vp} but the reference "
-                         f"{reference_path} has vocab_size={vr}; the policy must be trained from model.path")
-    p = Path(policy_path)
-    if tokenizer is not None and p.is_dir() and any((p / f).is_file() for f in _TOKENIZER_FILES):
-        from jaxppo.hf import load_tokenizer
-
-        if load_tokenizer(p).get_vocab() != tokenizer.get_vocab():
-            raise ValueError(f"vocabulary mismatch: the tokenizer saved in {policy_path} differs from the reference "
-                             f"tokenizer (model.tokenizer_path or model.path)")
-
-
-def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] | None = None) -> dict[str, Any]:
-    """Run the evaluation described by the module doc; writes ``cfg.trainer.output_dir`` and returns eval.json."""
-    import jax
-
-    from jaxppo.config import ConfigError
-    from jaxppo.hf import load_pretrained, load_tokenizer
-    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
-    from jaxppo.models.dtypes import dtype_of
-    from jaxppo.models.eos import eos_ids
-    from jaxppo.parallel import make_mesh, merged_rules
-    from jaxppo.rewards import reward_fn_from_config
-    from jaxppo.trainer.evaluation import compare, heldout_eval, heldout_perplexity, write_eval_samples
-    from jaxppo.trainer.setup import split_data
-
-    t0 = time.perf_counter()
-    out = Path(cfg.trainer.output_dir)
-    ref_path = resolve_model_path(cfg.model.path)
-    pol_path = resolve_policy_path(policy, ref_path)
-    reward_fn = reward_fn_from_config(cfg.reward)  # fail early on a bad reward config
-    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
-
-    devices = list(jax.devices() if devices is None else devices)
-    m = cfg.mesh
-    n_mesh = m.data * m.fsdp * m.tensor
-    if n_mesh > len(devices):
-        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n_mesh} devices, but only "
-                          f"{len(devices)} are available")
-    mesh = make_mesh(m.data, m.fsdp, m.tensor, devices=devices[:n_mesh])
-    try:
-        rules = merged_rules(m.rules)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    kw = dict(dtype=dtype_of(cfg.model.param_dtype), compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh,
-              rules=rules)
-    reference = load_pretrained(ref_path, **kw)
-    pol_model = reference if pol_path == ref_path else load_pretrained(pol_path, **kw)
-    check_same_vocab(pol_model, reference, pol_path, ref_path, tokenizer)
-
-    _, heldout, _ = split_data(cfg, tokenizer)  # the trainer's rows and split (behaviour log-probs not needed)
-    ev = heldout_eval(cfg, heldout, tokenizer, eos_ids(reference.config, tokenizer), reward_fn=reward_fn)
-    if not ev.available:
-        raise ValueError(f"no held-out prompts in {cfg.data.path}: data.eval_fraction={cfg.data.eval_fraction} "
-                         "leaves none (set data.eval_fraction > 0 and a dataset with at least 2 prompt groups)")
-    t_load = time.perf_counter() - t0
-
-    t1 = time.perf_counter()
-    ref_ev = ev(reference, reference)
-    pol_ev = ev(pol_model, reference)
-    t_gen = time.perf_counter() - t1
-    ppl_ref = heldout_perplexity(reference, heldout, batch_size=cfg.data.behaviour_batch_size)
-    ppl_pol = ppl_ref if pol_model is reference else heldout_perplexity(pol_model, heldout,
-                                                                        batch_size=cfg.data.behaviour_batch_size)
-    c = compare(ref_ev, pol_ev, ev.samples, seed=cfg.trainer.seed)
-    result: dict[str, Any] = {
-        "eval/reward_policy": c["reward_after"], "eval/reward_reference": c["reward_before"],
-        "eval/reward_gain": c["gain"], "eval/reward_gain_ci95": c["gain_ci95"],
-        "eval/kl": float(pol_ev["kl"]), "eval/perplexity": float(ppl_pol), "eval/perplexity_reference": float(ppl_ref),
-        "eval/response_length_policy": float(pol_ev["response_length"]),
-        "eval/response_length_reference": float(ref_ev["response_length"]),
-        "n_prompts": c["n_prompts"], "samples_per_prompt": ev.samples,
-        "n_heldout_rows": int(heldout["prompt_ids"].shape[0]),
-        "policy": pol_path, "reference": ref_path, "reward": cfg.reward.kind,
-        "time_s": {"load": t_load, "generate": t_gen, "total": time.perf_counter() - t0},
-        "config": to_dict(cfg),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    write_eval_samples(out / "eval_samples.jsonl", ref_ev, pol_ev, names=("reference", "policy"),
-                       response_prefix="response_")
-    (out / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    return result
 
 
 def format_table(r: dict[str, Any]) -> str:
