@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from jaxppo.config.core import ConfigError, check, field
+from jaxppo.ops.kl import KL_KINDS
+from jaxppo.ops.losses import AGG_MODES
 
-KLKind = Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "k3+"]
-AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+# derived from the ops constants (one source of truth): every KL estimator and aggregation mode the ops accept
+KLKind = Literal[KL_KINDS]
+AggMode = Literal[AGG_MODES]
 DType = Literal["float32", "bfloat16", "float16"]
 
 
@@ -55,6 +58,8 @@ class ActorConfig:
     kl_loss_coef: float = field(0.001, ge=0.0)
     kl_loss_type: KLKind = "k1+"
     loss_agg_mode: AggMode = "token-mean"
+    # policy loss from jaxppo.trainer.registry.POLICY_LOSSES ("ppo": clipped surrogate with dual clip)
+    policy_loss: str = "ppo"
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def __post_init__(self):
@@ -91,14 +96,56 @@ class KLCtrlConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """verl's rollout correction (``algorithm.rollout_correction``; jaxppo.ops.rollout_correction) on
+    ``log_ratio = prox_logp - behaviour_logprobs`` (pi_prox vs the behaviour policy mu). ``rollout_is``: IS
+    weights multiplying the PPO loss (exclusive with ``importance.enabled``); ``rollout_rs``: rejection criteria
+    (e.g. "token_k1" or "seq_mean_k3,token_k1") whose mask multiplies the loss's response mask."""
+
+    rollout_is: Literal["token", "sequence"] | None = None
+    rollout_is_threshold: float | str = 2.0  # TIS cap C, or an IcePop band "lo_hi" such as "0.5_5.0"
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None  # comma-separated criteria, every one must pass
+    # one spec for all criteria or one per criterion (comma list, same order): "lo_hi" ratio bounds for k1
+    # criteria, an upper bound for k2/k3 ones, e.g. "0.5_2.0,0.01"; required with rollout_rs
+    rollout_rs_threshold: float | str | None = None
+
+    def __post_init__(self):
+        from jaxppo.ops.rollout_correction import parse_is_threshold, parse_rejection_criteria
+
+        try:
+            parse_is_threshold(self.rollout_is_threshold)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"algorithm.rollout_correction.rollout_is_threshold: {e}") from None
+        if self.rollout_rs is not None:
+            check(self.rollout_rs_threshold is not None, "algorithm.rollout_correction.rollout_rs_threshold",
+                  f"must be set with rollout_rs={self.rollout_rs!r} (e.g. '0.5_2.0' for token_k1)")
+            try:
+                parse_rejection_criteria(self.rollout_rs, self.rollout_rs_threshold)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"algorithm.rollout_correction.rollout_rs / rollout_rs_threshold: {e}") from None
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     gamma: float = field(0.99, ge=0.0, le=1.0)
     lam: float = field(0.95, ge=0.0, le=1.0)
-    norm_adv: bool = True  # whiten advantages over the prepared dataset
+    # advantage estimator from jaxppo.ops.ADVANTAGE_ESTIMATORS: gae (needs a critic) | grpo | rloo |
+    # reinforce_plus_plus | reinforce_plus_plus_baseline (critic-free: no critic is built), or a registered name
+    adv_estimator: str = "gae"
+    norm_adv: bool = True  # whiten GAE advantages over the buffer (critic-free estimators normalise themselves)
+    norm_adv_by_std_in_grpo: bool = True  # grpo: divide by the group std (false: Dr.GRPO)
     use_kl_in_reward: bool = False
     kl_penalty: KLKind = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
-    priority_agg: Literal["mean", "max"] = "mean"  # per-sequence priority p_i = agg_t |delta_t| + eps
+    priority_agg: Literal["mean", "max"] = "mean"  # per-sequence priority p_i = agg_t |delta_t| (or |A_t|) + eps
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+
+    def __post_init__(self):
+        from jaxppo.ops import ADVANTAGE_ESTIMATORS
+
+        check(self.adv_estimator in ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator",
+              f"unknown estimator {self.adv_estimator!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
 
 
 @dataclass(frozen=True)
@@ -124,6 +171,8 @@ class ReplayDecayConfig:
     """Staleness decay of sampling priorities (jaxppo/replay/staleness.py): p_i = b_i * rate^n_i ("sampled",
     n_i = draws since the item's refresh) or b_i * rate^age_i ("age", steps since its refresh)."""
 
+    # "age" changes nothing in the PPO trainer: prepare refreshes every item at once every replay.refresh_every
+    # steps, so all items always have the same age; only "sampled" has an effect there
     kind: Literal["none", "sampled", "age"] = "none"
     rate: float = field(1.0, gt=0.0, le=1.0)
 
@@ -132,6 +181,9 @@ class ReplayDecayConfig:
 class ReplayConfig:
     sampling: Literal["prioritized", "uniform"] = "prioritized"
     prioritization: Literal["proportional", "rank"] = "proportional"
+    # priority function (jaxppo.ops.priorities, whose table says which estimator each suits); default td_error
+    # with a critic (gae), abs_advantage without; td_error needs a critic
+    priority: Literal["td_error", "abs_advantage", "group_variance"] | None = None
     capacity: int = field(10000, ge=1)
     alpha: float = field(0.6, ge=0.0)
     beta0: float = field(0.4, ge=0.0, le=1.0)
@@ -146,7 +198,8 @@ class PFPPOConfig:
     """Policy filtration (arXiv 2409.06957)."""
 
     enabled: bool = False
-    filter: Literal["none", "best_of_n", "best_random", "best_worst", "pow"] = "none"
+    # dynamic_sampling: DAPO's filter, drops prompt groups whose scores are all equal (no group-relative signal)
+    filter: Literal["none", "best_of_n", "best_random", "best_worst", "pow", "dynamic_sampling"] = "none"
     reweight_method: Literal["none", "pow", "max_min", "max_random"] = "none"  # batch level, verl semantics
     weight_pow: float = field(1.0, ge=0.0)
 

@@ -7,7 +7,7 @@ With ``share_trunk`` the value head reads the actor's hidden states at those pos
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -24,17 +24,22 @@ def _ids_mask(items: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, int
     return ids, mask, p, r
 
 
+def response_positions(x: jax.Array, prompt_len: int, response_len: int) -> jax.Array:
+    """``x[:, P-1 : P+R-1]``: the positions whose outputs predict the response tokens (``[B, P+R, ...]`` in)."""
+    return x[:, prompt_len - 1:prompt_len + response_len - 1]
+
+
 def response_logits(actor_gd, actor_params, items: Mapping[str, jax.Array]) -> jax.Array:
     """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params``."""
     actor = nnx.merge(actor_gd, actor_params)
     ids, mask, p, r = _ids_mask(items)
-    return actor.logits_from_hidden(actor.hidden_states(ids, mask)[:, p - 1:p + r - 1]).astype(jnp.float32)
+    return actor.logits_from_hidden(response_positions(actor.hidden_states(ids, mask), p, r)).astype(jnp.float32)
 
 
 def response_values(critic_gd, critic_params, items: Mapping[str, jax.Array]) -> jax.Array:
     """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions."""
     ids, mask, p, r = _ids_mask(items)
-    return nnx.merge(critic_gd, critic_params)(ids, mask)[:, p - 1:p + r - 1].astype(jnp.float32)
+    return response_positions(nnx.merge(critic_gd, critic_params)(ids, mask), p, r).astype(jnp.float32)
 
 
 def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, items: Mapping[str, jax.Array], *,
@@ -45,7 +50,7 @@ def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, ite
                 response_values(critic_gd, critic_params, items))
     actor = nnx.merge(actor_gd, actor_params)
     ids, mask, p, r = _ids_mask(items)
-    h_r = actor.hidden_states(ids, mask)[:, p - 1:p + r - 1]
+    h_r = response_positions(actor.hidden_states(ids, mask), p, r)
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
     values = nnx.merge(critic_gd, critic_params)(h_r)
     return logits, values.astype(jnp.float32)
@@ -57,9 +62,3 @@ def logp_entropy(logits: jax.Array, response_ids: jax.Array, response_mask: jax.
     logp = ops.logprobs_from_logits(logits, response_ids.astype(jnp.int32)) * m
     ent = ops.entropy_from_logits(logits) * m
     return logp, ent
-
-
-def policy_logp(actor_gd, actor_params, items: Mapping[str, Any]) -> jax.Array:
-    """Response-token log-probs [B,R] of the policy given by ``actor_params`` (0 outside the mask)."""
-    logits = response_logits(actor_gd, actor_params, items)
-    return logp_entropy(logits, items["response_ids"], items["response_mask"])[0]

@@ -4,12 +4,16 @@ For every buffer slot (``[N, R]`` arrays, ``m`` the response mask):
 
 - ``prox_logp_t`` = log-probs of the current policy (the PPO "old" policy snapshot); ``ref_logp`` is
   stored once at setup (reference = initial policy);
-- ``V_t`` from the critic, masked: ``V_t·m_t``;
+- ``V_t`` from the critic, masked: ``V_t·m_t`` (only with an estimator that needs a critic);
 - token rewards ``r_t = -β·kl(prox, ref)_t·m_t`` (if ``algorithm.use_kl_in_reward``) ``+ s_i·[t = last_i]``;
-- ``(A, G) = ops.gae(r, V, m, γ, λ)``; with ``algorithm.norm_adv`` ``A`` is whitened over the valid
-  tokens of the whole buffer (``ops.masked_whiten``) and re-masked;
-- TD residuals ``δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t`` and the per-sequence priority
-  ``p_i = agg_t |δ_t|`` (mean or max over the mask). With ``f_i`` the PF-PPO filter weight, the buffer
+- ``(A, G)`` from ``algorithm.adv_estimator`` (``ops.ADVANTAGE_ESTIMATORS``): ``gae`` is
+  ``ops.gae(r, V, m, γ, λ)``, with ``algorithm.norm_adv`` whitened over the valid tokens of the whole buffer
+  (``ops.masked_whiten``) and re-masked; the critic-free ones (grpo, rloo, reinforce_plus_plus[_baseline]) get
+  ``group_ids`` = the rows' ``group_id`` and no values;
+- the per-sequence priority ``p_i`` of ``replay.priority`` (:func:`buffer_priority`): ``td_error``
+  ``agg_t |δ_t|`` with ``δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t`` (mean or max over the mask; default with a
+  critic), ``abs_advantage`` ``agg_t |A_t|`` (default without), ``group_variance``. With ``f_i`` the PF-PPO
+  filter weight, the buffer
   stores ``f_i·(p_i + ε)^α`` (proportional: sampling ``P(i) ∝ f_i·(p_i+ε)^α``) or ``(p_i + ε)·[f_i > 0]``
   (rank); slots with ``f_i = 0`` get 0 (never sampled). The step's PER weights then correct only the
   priority part, so the expected gradient share of item ``i`` is ``∝ f_i·P_prio(i)^(1−β)`` at every β
@@ -29,7 +33,8 @@ import numpy as np
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.replay.filtered import filtered_stored_priority
-from jaxppo.trainer.forward import logp_entropy, response_logits_values
+from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values
+from jaxppo.trainer.hparams import StepHP, step_hparams
 
 
 def last_token_onehot(response_mask: jax.Array) -> jax.Array:
@@ -98,52 +103,74 @@ def _chunked(fn, storage: Mapping[str, jax.Array], keys: tuple[str, ...], chunk:
 _TOKEN_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
-def make_ref_logp_fn(actor_gd, chunk: int):
-    """Jitted ``(actor_params, storage) -> logp [N,R]`` (used once with the initial policy)."""
+def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Array, mask: jax.Array,
+                    score: jax.Array, group_id: jax.Array) -> jax.Array:
+    """Per-slot priority ``p_i`` of ``replay.priority`` (``ops.PRIORITY_FNS``; table in ``jaxppo.ops.priorities``):
+    ``td_error`` ``agg_t|δ_t|`` (needs a critic), ``abs_advantage`` ``agg_t|A_t|``, ``group_variance`` the
+    unbiased variance of the row's group scores (over the whole buffer, so groups are whole)."""
+    name, agg = hp.replay.priority, hp.replay.priority_agg
+    if name == "td_error":
+        if delta is None:
+            raise ValueError("replay.priority=td_error needs critic values (TD residuals)")
+        return sequence_priority(delta, mask, agg)
+    if name == "abs_advantage":
+        return ops.priority_abs_advantage(advantages, mask, agg)
+    if name == "group_variance":
+        return ops.priority_group_variance(score, group_id)
+    raise ValueError(f"unknown replay.priority {name!r}; known: {', '.join(sorted(ops.PRIORITY_FNS))}")
 
-    def run(actor_params, storage):
-        def one(items):
-            from jaxppo.trainer.forward import policy_logp
-            return policy_logp(actor_gd, actor_params, items)
-        return _chunked(one, storage, _TOKEN_KEYS, chunk)
-    return jax.jit(run)
 
+def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_shardings=None, hp: StepHP | None = None):
+    """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer.
 
-def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_shardings=None):
-    """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer."""
-    alg, share = cfg.algorithm, cfg.critic.share_trunk
-    prioritized = cfg.replay.sampling == "prioritized"
+    With the estimator ``algorithm.adv_estimator`` (``hp.advantage``): ``(A, G) = est(r, V, m, group_id, hp)``;
+    a critic-free estimator gets ``V = None`` (no critic forward, no ``values`` in the buffer) and the rows'
+    ``group_id`` (the buffer holds whole groups: ``setup.group_windows``). ``algorithm.norm_adv`` whitens the
+    advantages of critic estimators only (the critic-free ones normalise per group / batch themselves).
+    """
+    hp = step_hparams(cfg) if hp is None else hp
+    ah = hp.advantage
+    estimator = ops.get_advantage_estimator(ah.estimator)
+    critic = hp.critic
+    share = critic is not None and critic.share_trunk
+    prioritized = hp.replay.prioritized
     mesh = None if state_shardings is None else state_shardings.rng.mesh
 
     def prepare(state):
         st = state.replay.storage
 
         def one(items):
-            logits, values = response_logits_values(actor_gd, state.actor, critic_gd, state.critic, items,
-                                                    share_trunk=share)
+            if critic is None:
+                logits, values = response_logits(actor_gd, state.actor, items), None
+            else:
+                logits, values = response_logits_values(actor_gd, state.actor, critic_gd, state.critic, items,
+                                                        share_trunk=share)
             logp, _ = logp_entropy(logits, items["response_ids"], items["response_mask"])
             return logp, values
 
         prox_logp, values = _chunked(one, st, _TOKEN_KEYS, chunk, mesh=mesh)
         prox_logp = jax.lax.stop_gradient(prox_logp)
         m = st["response_mask"].astype(jnp.float32)
-        values = values * m
         rewards = token_rewards(st["score"], st["response_mask"], prox_logp, st["ref_logp"], kl_coef=state.kl_coef,
-                                use_kl_in_reward=alg.use_kl_in_reward, kl_kind=alg.kl_penalty)
-        adv, ret = ops.gae(rewards, values, m, alg.gamma, alg.lam)
+                                use_kl_in_reward=ah.use_kl_in_reward, kl_kind=ah.kl_penalty)
         fw = st["filter_w"]
-        if alg.norm_adv:
-            valid = m * (fw > 0).astype(jnp.float32)[:, None]
-            adv = ops.masked_whiten(adv, valid) * m
-        delta = td_residuals(rewards, values, m, alg.gamma)
-        prio = sequence_priority(delta, m, alg.priority_agg)
-        storage = dict(st, prox_logp=prox_logp, values=values, token_rewards=rewards, advantages=adv * m,
-                       returns=ret * m)
-        rs = state.replay.replace(storage=storage)
-        if prioritized:
-            stored = filtered_stored_priority(rs, prio, fw)
+        delta = None
+        if values is not None:
+            values = values * m
+            adv, ret = estimator(rewards, values, m, st["group_id"], ah.params)
+            if ah.norm_adv:
+                valid = m * (fw > 0).astype(jnp.float32)[:, None]
+                adv = ops.masked_whiten(adv, valid) * m
+            delta = td_residuals(rewards, values, m, critic.gamma)
         else:
-            stored = fw
+            adv, ret = estimator(rewards, None, m, st["group_id"], ah.params)
+        prio = buffer_priority(hp, delta=delta, advantages=adv * m, mask=m, score=st["score"],
+                               group_id=st["group_id"])
+        prepared = dict(prox_logp=prox_logp, token_rewards=rewards, advantages=adv * m, returns=ret * m)
+        if values is not None:
+            prepared["values"] = values
+        rs = state.replay.replace(storage=dict(st, **prepared))
+        stored = filtered_stored_priority(rs, prio, fw) if prioritized else fw
         idx = jnp.arange(fw.shape[0], dtype=jnp.int32)
         rs = replay_lib.set_priorities(rs, idx, stored)
         return state.replace(replay=rs)
@@ -153,15 +180,30 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
     return jax.jit(prepare, donate_argnums=0, in_shardings=(state_shardings,), out_shardings=state_shardings)
 
 
-def pf_filter_weights(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> np.ndarray:
-    """PF-PPO dataset filter weights ``f_i`` (``pf_ppo.filter``; all 1 when PF-PPO is off)."""
+def pf_filter(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, int]]:
+    """PF-PPO dataset filter weights ``f_i`` (``pf_ppo.filter``; all 1 when PF-PPO is off) and the filter's counts.
+
+    ``dynamic_sampling`` (DAPO, ``replay.pf_ppo.dynamic_sampling_weights``): ``f_i = 0`` for every row of a group
+    whose scores are all equal (no group-relative signal), else 1; the counts hold ``pf_ppo/dropped_groups``
+    (0 for the other filters)."""
     pf = cfg.pf_ppo
     if not pf.enabled or pf.filter == "none":
-        return np.ones(score.shape, np.float32)
+        return np.ones(score.shape, np.float32), {"pf_ppo/dropped_groups": 0}
     groups, gid = np.unique(group_id, return_inverse=True)
-    w = replay_lib.filter_weights(pf.filter, jnp.asarray(score, jnp.float32), jnp.asarray(gid, jnp.int32),
-                                  int(len(groups)), key=jax.random.PRNGKey(seed), weight_pow=pf.weight_pow)
+    s, g = jnp.asarray(score, jnp.float32), jnp.asarray(gid, jnp.int32)
+    dropped = 0
+    if pf.filter == "dynamic_sampling":
+        w, n = replay_lib.pf_ppo.dynamic_sampling_weights(s, g, int(len(groups)))
+        dropped = int(n)
+    else:
+        w = replay_lib.filter_weights(pf.filter, s, g, int(len(groups)), key=jax.random.PRNGKey(seed),
+                                      weight_pow=pf.weight_pow)
     w = np.asarray(w, np.float32)
     if not (w > 0).any():
         raise ValueError(f"pf_ppo.filter={pf.filter!r} gives every trajectory weight 0; nothing to train on")
-    return w
+    return w, {"pf_ppo/dropped_groups": dropped}
+
+
+def pf_filter_weights(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> np.ndarray:
+    """The weights of :func:`pf_filter`."""
+    return pf_filter(cfg, score, group_id, seed)[0]

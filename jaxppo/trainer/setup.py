@@ -20,7 +20,8 @@ from flax import nnx
 
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
-from jaxppo.trainer.prepare import make_prepare_fn, pf_filter_weights
+from jaxppo.trainer.hparams import StepHP, step_hparams
+from jaxppo.trainer.prepare import make_prepare_fn, pf_filter
 from jaxppo.trainer.state import (DATA_KEYS, PREPARED_KEYS, TrainState, init_optimizer, make_critic,
                                   make_optimizer, replicate_leaves, shardings_of, split_params)
 from jaxppo.trainer.steps import make_train_step
@@ -36,16 +37,19 @@ class Run:
     tokenizer: Any
     model_path: str
     actor_gd: Any
-    critic_gd: Any
+    critic_gd: Any               # None without a critic (critic-free advantage estimator)
     ref_params: Any              # frozen initial policy (reference), for evaluation
     state: TrainState
     prepare: Any                 # jitted state -> state
     step: Any                    # jitted state -> (state, metrics)
     train: dict[str, np.ndarray]  # training rows (+ ref_logp, filter_w)
     heldout: dict[str, np.ndarray]
-    n_use: int                   # dataset rows in the buffer window
+    n_use: int                   # most dataset rows a buffer window holds (min(rows, replay.capacity))
     capacity: int                # buffer slots (n_use rounded up)
     data_report: Any = None
+    windows: list = dataclasses.field(default_factory=list)  # dataset rows of each buffer window (whole groups)
+    hparams: StepHP | None = None
+    pf_stats: dict = dataclasses.field(default_factory=dict)  # e.g. {"pf_ppo/dropped_groups": n}
 
     @property
     def tokens_per_step(self) -> int:
@@ -79,6 +83,7 @@ def check_config(cfg: Any, n_devices: int) -> None:
         raise ConfigError("pf_ppo.enabled=true needs pf_ppo.filter or pf_ppo.reweight_method other than 'none'")
     if cfg.importance.lower is not None and cfg.importance.mode != "mask":
         raise ConfigError("importance.lower is only used with importance.mode=mask")
+    step_hparams(cfg)    # estimator / priority / importance vs rollout_correction rules
 
 
 def ensure_data(cfg: Any) -> None:
@@ -90,12 +95,12 @@ def ensure_data(cfg: Any) -> None:
     p = Path(dc.path)
     if p.exists() or not dc.collect_if_missing:
         return
-    from jaxppo.collect import collect
+    from jaxppo.data.collection import collect
 
     fmt = {".parquet": "parquet", ".jsonl": "jsonl"}.get(p.suffix)
     if fmt is None or p.name not in ("data.parquet", "data.jsonl"):
         raise ConfigError(f"data.collect_if_missing: data.path must end in data.parquet or data.jsonl, got {p}")
-    logger.info("data.path %s is missing: collecting it with jaxppo.collect", p)
+    logger.info("data.path %s is missing: collecting it (jaxppo.data.collection)", p)
     ccfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=str(p.parent)),
                                rollout=dataclasses.replace(cfg.rollout, output_format=fmt))
     collect(ccfg, progress=cfg.trainer.progress)
@@ -105,16 +110,56 @@ def _round_up(x: int, m: int) -> int:
     return int(math.ceil(x / m) * m)
 
 
-def window_rows(n_rows: int, n_use: int, capacity: int, cursor: int) -> tuple[np.ndarray, np.ndarray]:
-    """Dataset rows of the buffer slots for a window starting at ``cursor`` and the slot-valid mask."""
+def group_order(group_id: np.ndarray) -> np.ndarray:
+    """Row order that makes every prompt group contiguous: groups in order of first appearance, rows within a
+    group in their original order (the identity when the groups are already contiguous)."""
+    gid = np.asarray(group_id)
+    _, first, inv = np.unique(gid, return_index=True, return_inverse=True)
+    return np.lexsort((np.arange(len(gid)), first[inv.reshape(-1)])).astype(np.int64)
+
+
+def group_windows(group_id: np.ndarray, n_use: int) -> list[np.ndarray]:
+    """Consecutive buffer windows of WHOLE prompt groups, each of at most ``n_use`` rows (greedy packing).
+
+    ``group_id`` must have contiguous groups (:func:`group_order`). A dataset of ``<= n_use`` rows is one
+    window. A group larger than ``n_use`` is a ``ConfigError`` (``replay.capacity`` must hold a whole group)."""
+    gid = np.asarray(group_id)
+    n = len(gid)
+    if n <= n_use:
+        return [np.arange(n, dtype=np.int64)]
+    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    if len(np.unique(gid)) != len(starts):
+        raise ValueError("group_windows: prompt groups are not contiguous (order the rows with group_order)")
+    if sizes.max() > n_use:
+        raise ConfigError(f"replay.capacity: a prompt group has {int(sizes.max())} rows but a buffer window holds "
+                          f"{n_use}; raise replay.capacity so whole groups fit")
+    windows, begin, rows = [], 0, 0
+    for st, sz in zip(starts, sizes):
+        if rows + sz > n_use:
+            windows.append(np.arange(begin, st, dtype=np.int64))
+            begin, rows = st, 0
+        rows += sz
+    windows.append(np.arange(begin, n, dtype=np.int64))
+    return windows
+
+
+def window_slots(rows: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dataset rows of the ``capacity`` buffer slots for a window and the slot-valid mask (slots past the window
+    repeat its last row and are invalid: filter weight 0, never sampled)."""
     j = np.arange(capacity)
-    rows = (cursor + np.minimum(j, n_use - 1)) % n_rows
-    return rows.astype(np.int64), j < n_use
+    n = len(rows)
+    return np.asarray(rows)[np.minimum(j, n - 1)].astype(np.int64), j < n
 
 
 def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarray) -> dict[str, np.ndarray]:
+    """The buffer's data fields for slots ``rows``; invalid slots get filter weight 0 and a group id of their
+    own (below every real one), so no group estimator counts them in a real group."""
     items = {k: np.asarray(train[k])[rows].astype(ITEM_DTYPES[k]) for k in DATA_KEYS + ("ref_logp", "filter_w")}
     items["filter_w"] = np.where(valid, items["filter_w"], 0.0).astype(np.float32)
+    low = min(int(np.min(train["group_id"], initial=0)), 0)
+    pad_gid = low - 1 - np.arange(len(rows))
+    items["group_id"] = np.where(valid, items["group_id"], pad_gid).astype(ITEM_DTYPES["group_id"])
     return items
 
 
@@ -142,10 +187,12 @@ _PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 _SCALAR_KEYS = ("score", "group_id", "row", "filter_w")
 
 
-def replay_example(prompt_len: int, response_len: int) -> dict[str, jax.ShapeDtypeStruct]:
+def replay_example(prompt_len: int, response_len: int, *, critic: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
     """One buffer item (no batch axis): the data fields (``DATA_KEYS``, ``ref_logp``, ``filter_w``) and the
-    prepared ``[R]`` float32 arrays; prompt fields are ``[P]``, scores/ids/filter weights scalars."""
-    keys = dict.fromkeys(DATA_KEYS + ("ref_logp", "filter_w") + PREPARED_KEYS)
+    prepared ``[R]`` float32 arrays (no ``values`` without a critic); prompt fields are ``[P]``, scores/ids/filter
+    weights scalars."""
+    keys = dict.fromkeys(DATA_KEYS + ("ref_logp", "filter_w") + tuple(k for k in PREPARED_KEYS
+                                                                      if critic or k != "values"))
     out = {}
     for k in keys:
         shape = () if k in _SCALAR_KEYS else (prompt_len,) if k in _PROMPT_KEYS else (response_len,)
@@ -170,7 +217,7 @@ class Core:
     """The train state and the jitted functions built from (concrete or abstract) sharded parameters."""
     state: TrainState
     actor_tx: Any
-    critic_tx: Any
+    critic_tx: Any   # None without a critic
     prepare: Any   # jitted state -> state
     step: Any      # jitted state -> (state, metrics)
 
@@ -180,14 +227,19 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
     """Optimizers, the initial ``TrainState`` and the jitted prepare/step: ONE code path for ``build_run``
     (concrete arrays on ``mesh``) and ``jaxppo.plan`` (``ShapeDtypeStruct`` leaves carrying their shardings,
     nothing allocated). Optimizer states are sharded like their parameters (``init_optimizer``); the scalar
-    fields are replicated."""
+    fields are replicated. ``critic_params=None`` (critic-free estimator): no critic optimizer, ``critic`` and
+    ``critic_opt`` None."""
     from jax.sharding import NamedSharding, PartitionSpec
 
+    hp = step_hparams(cfg)
+    if (critic_params is None) != (hp.critic is None):
+        raise ValueError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} "
+                         f"{'needs' if hp.critic is not None else 'takes no'} critic parameters")
     abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((actor_params, critic_params)))
     rep = NamedSharding(mesh, PartitionSpec())
     total = cfg.trainer.total_steps
     actor_tx = make_optimizer(cfg.actor.optim, total)
-    critic_tx = make_optimizer(cfg.critic.optim, total)
+    critic_tx = None if critic_params is None else make_optimizer(cfg.critic.optim, total)
 
     def scalar(fn):
         if abstract:
@@ -198,7 +250,8 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
     state = TrainState(
         step=scalar(lambda: jnp.zeros((), jnp.int32)),
         actor=actor_params, actor_opt=init_optimizer(actor_tx, actor_params, mesh),
-        critic=critic_params, critic_opt=init_optimizer(critic_tx, critic_params, mesh), replay=replay_state,
+        critic=critic_params,
+        critic_opt=None if critic_tx is None else init_optimizer(critic_tx, critic_params, mesh), replay=replay_state,
         rng=scalar(lambda: jax.random.PRNGKey(cfg.trainer.seed)),
         kl_coef=scalar(lambda: jnp.float32(cfg.algorithm.kl_ctrl.kl_coef)),
         lr_scale=scalar(lambda: jnp.ones((), jnp.float32)), nan_total=scalar(lambda: jnp.zeros((), jnp.int32)),
@@ -207,8 +260,9 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
         state = replicate_leaves(state, mesh)
     shardings = shardings_of(state)
     capacity = jax.tree.leaves(replay_state.storage)[0].shape[0]
-    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings)
-    step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh)
+    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp)
+    step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh,
+                           hp=hp)
     return Core(state=state, actor_tx=actor_tx, critic_tx=critic_tx, prepare=prepare, step=step)
 
 
@@ -227,6 +281,13 @@ def _with_shardings(params, mesh, rules):
                         named_shardings(params, mesh, rules))
 
 
+def make_replay(cfg: Any, capacity: int, example: dict, mesh):
+    """``replay_lib.init`` with the config's sampling and staleness-decay settings."""
+    return replay_lib.init(capacity, example, alpha=cfg.replay.alpha, eps=cfg.replay.eps,
+                           prioritization=cfg.replay.prioritization, mesh=mesh, decay=cfg.replay.decay.kind,
+                           decay_rate=cfg.replay.decay.rate)
+
+
 def abstract_replay(cfg: Any, mesh, capacity: int, example: dict):
     """``replay_lib.init(capacity, example, ...)`` as ``ShapeDtypeStruct`` leaves with the shardings the real
     buffer gets: the shapes from ``jax.eval_shape``, each leaf's sharding read off a tiny concrete buffer made by
@@ -234,8 +295,7 @@ def abstract_replay(cfg: Any, mesh, capacity: int, example: dict):
     from jaxppo.parallel import batch_divisor
 
     def make(n, ex):
-        return replay_lib.init(n, ex, alpha=cfg.replay.alpha, eps=cfg.replay.eps,
-                               prioritization=cfg.replay.prioritization, mesh=mesh)
+        return make_replay(cfg, n, ex, mesh)
 
     abstract = jax.eval_shape(lambda: make(capacity, example))
     tiny = make(batch_divisor(mesh), {k: jax.ShapeDtypeStruct((1,) * len(v.shape), v.dtype)
@@ -256,15 +316,18 @@ def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: i
     ``build_core`` (optimizer states, jitted prepare/step). Every leaf is a ``ShapeDtypeStruct`` with a sharding."""
     from jaxppo.models import CausalLM, ValueModel
 
+    with_critic = step_hparams(cfg).critic is not None
     lm_cfg = lm_config(hf_config, cfg.model)
     critic_lm_cfg = None
-    if cfg.critic.model_path and not cfg.critic.share_trunk:
+    if with_critic and cfg.critic.model_path and not cfg.critic.share_trunk:
         if critic_hf_config is None:
             raise ConfigError("critic.model_path is set: the plan needs that model's config.json too")
         critic_lm_cfg = lm_config(critic_hf_config, cfg.model).replace(remat=False)
 
     def build():
         actor = CausalLM(lm_cfg, rngs=nnx.Rngs(0))
+        if not with_critic:
+            return actor, None
         if critic_lm_cfg is not None:
             critic = ValueModel.from_lm(CausalLM(critic_lm_cfg, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(cfg.trainer.seed))
         else:
@@ -273,26 +336,33 @@ def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: i
 
     actor, critic = nnx.eval_shape(build)
     actor_gd, actor_params = split_params(actor)
-    critic_gd, critic_params = split_params(critic)
     actor_params = _with_shardings(actor_params, mesh, rules)
-    critic_params = _with_shardings(critic_params, mesh, rules)
+    critic_gd = critic_params = None
+    if critic is not None:
+        critic_gd, critic_params = split_params(critic)
+        critic_params = _with_shardings(critic_params, mesh, rules)
 
     _, capacity, chunk = buffer_layout(cfg, cfg.replay.capacity if n_rows is None else n_rows, mesh)
-    rs = abstract_replay(cfg, mesh, capacity, replay_example(prompt_len, response_len))
+    rs = abstract_replay(cfg, mesh, capacity, replay_example(prompt_len, response_len, critic=with_critic))
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return core, actor_gd, critic_gd, actor_params
 
 
 def build_run(cfg: Any, *, devices=None) -> Run:
-    """Everything a run needs, from ``cfg`` (models loaded, data tokenized, buffer filled, jits built)."""
-    from jaxppo.cli_util import resolve_model_path, tokenizer_path
+    """Everything a run needs, from ``cfg`` (models loaded, data tokenized, buffer filled, jits built).
+
+    The training rows are ordered so each prompt group is contiguous (:func:`group_order`) and cut into buffer
+    windows of whole groups (:func:`group_windows`); with a critic-free estimator no critic is built."""
     from jaxppo.data import compute_behaviour_logprobs
     from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
     from jaxppo.models import shard_model
+    from jaxppo.models.dtypes import dtype_of
     from jaxppo.parallel import make_mesh, merged_rules
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
+    hp = step_hparams(cfg)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
     try:
         rules = merged_rules(cfg.mesh.rules)
@@ -301,8 +371,8 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     ensure_data(cfg)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(tokenizer_path(cfg.model))
-    actor_model = load_pretrained(model_path, dtype=_DTYPES[cfg.model.param_dtype],
-                                  compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh, rules=rules,
+    param_dtype, compute_dtype = dtype_of(cfg.model.param_dtype), dtype_of(cfg.model.compute_dtype)
+    actor_model = load_pretrained(model_path, dtype=param_dtype, compute_dtype=compute_dtype, mesh=mesh, rules=rules,
                                   remat=cfg.model.remat)
     train, heldout, report = split_data(cfg, tokenizer, reference_path=model_path, reference=actor_model)
     n_rows = int(train["prompt_ids"].shape[0])
@@ -310,47 +380,54 @@ def build_run(cfg: Any, *, devices=None) -> Run:
         raise ConfigError("data: no training rows left after the held-out split; lower data.eval_fraction")
     if not np.isfinite(train["score"]).all():
         raise ValueError("data: non-finite scores in the training rows")
+    order = group_order(train["group_id"])
+    train = {k: np.asarray(v)[order] for k, v in train.items()}
     train["row"] = np.arange(n_rows, dtype=np.int32)
     train["ref_logp"] = compute_behaviour_logprobs(actor_model, train, batch_size=cfg.data.behaviour_batch_size)
-    train["filter_w"] = pf_filter_weights(cfg, train["score"], train["group_id"], cfg.trainer.seed)
+    train["filter_w"], pf_stats = pf_filter(cfg, train["score"], train["group_id"], cfg.trainer.seed)
+    if cfg.pf_ppo.enabled and cfg.pf_ppo.filter == "dynamic_sampling":
+        logger.info("pf_ppo.filter=dynamic_sampling: %d prompt groups dropped (all scores equal)",
+                    pf_stats["pf_ppo/dropped_groups"])
 
     n_use, capacity, chunk = buffer_layout(cfg, n_rows, mesh)
-    rows, valid = window_rows(n_rows, n_use, capacity, 0)
+    windows = group_windows(train["group_id"], n_use)
+    rows, valid = window_slots(windows[0], capacity)
     items = window_items(train, rows, valid)
     p_len, r_len = train["prompt_ids"].shape[1], train["response_ids"].shape[1]
-    rs = replay_lib.init(capacity, replay_example(p_len, r_len), alpha=cfg.replay.alpha, eps=cfg.replay.eps,
-                         prioritization=cfg.replay.prioritization, mesh=mesh)
+    rs = make_replay(cfg, capacity, replay_example(p_len, r_len, critic=hp.critic is not None), mesh)
     full = {k: items.get(k, np.zeros((capacity, r_len), np.float32)) for k in rs.storage}
     rs = replay_lib.add(rs, full)
 
-    critic_model = make_critic(actor_model, share_trunk=cfg.critic.share_trunk, seed=cfg.trainer.seed)
-    if cfg.critic.model_path and not cfg.critic.share_trunk:
-        from jaxppo.models import ValueModel
-
-        critic_lm = load_pretrained(resolve_model_path(cfg.critic.model_path), dtype=_DTYPES[cfg.model.param_dtype],
-                                    compute_dtype=_DTYPES[cfg.model.compute_dtype], mesh=mesh, rules=rules)
-        critic_model = ValueModel.from_lm(critic_lm, rngs=nnx.Rngs(cfg.trainer.seed))
-    shard_model(critic_model, mesh, rules)
     actor_gd, actor_params = split_params(actor_model)
-    critic_gd, critic_params = split_params(critic_model)
+    critic_gd = critic_params = None
+    if hp.critic is not None:
+        critic_model = make_critic(actor_model, share_trunk=cfg.critic.share_trunk, seed=cfg.trainer.seed)
+        if cfg.critic.model_path and not cfg.critic.share_trunk:
+            from jaxppo.models import ValueModel
+
+            critic_lm = load_pretrained(resolve_model_path(cfg.critic.model_path), dtype=param_dtype,
+                                        compute_dtype=compute_dtype, mesh=mesh, rules=rules)
+            critic_model = ValueModel.from_lm(critic_lm, rngs=nnx.Rngs(cfg.trainer.seed))
+        shard_model(critic_model, mesh, rules)
+        critic_gd, critic_params = split_params(critic_model)
     ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), actor_params)
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
                critic_gd=critic_gd, ref_params=ref_params, state=core.state, prepare=core.prepare, step=core.step,
-               train=train,
-               heldout=heldout, n_use=n_use, capacity=capacity, data_report=report)
+               train=train, heldout=heldout, n_use=n_use, capacity=capacity, data_report=report, windows=windows,
+               hparams=hp, pf_stats=pf_stats)
 
 
 def load_window(run: Run, state: TrainState, refresh_index: int) -> TrainState:
-    """For datasets larger than the buffer: the data rows of window ``refresh_index`` (no-op otherwise)."""
-    n_rows = run.train["prompt_ids"].shape[0]
-    if run.n_use >= n_rows:
+    """For datasets larger than the buffer: the rows of window ``refresh_index mod len(run.windows)`` (whole prompt
+    groups, :func:`group_windows`) written into the buffer's data fields (no-op with a single window)."""
+    if len(run.windows) <= 1:
         return state
-    cursor = (refresh_index * run.n_use) % n_rows
-    rows, valid = window_rows(n_rows, run.n_use, run.capacity, cursor)
+    window = run.windows[refresh_index % len(run.windows)]
+    rows, valid = window_slots(window, run.capacity)
     items = window_items(run.train, rows, valid)
     st = dict(state.replay.storage)
     for k, v in items.items():
         st[k] = jax.device_put(v.astype(st[k].dtype), st[k].sharding)
     return state.replace(replay=state.replay.replace(storage=st),
-                         data_cursor=jax.device_put(jnp.int32(cursor), state.data_cursor.sharding))
+                         data_cursor=jax.device_put(jnp.int32(window[0]), state.data_cursor.sharding))

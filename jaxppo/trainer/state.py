@@ -5,7 +5,9 @@ parameters (``nnx.State``; models are rebuilt inside jitted code with ``nnx.merg
 optax states, the replay buffer (storage with the prepared arrays, priorities), the RNG key, the
 in-reward KL coefficient (fixed/adaptive controller state), the LR scale set by the guards, the
 step/NaN counters and the data cursor. ``share_trunk=True``: ``critic`` holds only a value head that
-reads the actor's hidden states.
+reads the actor's hidden states. With a critic-free advantage estimator (``algorithm.adv_estimator`` grpo, rloo,
+reinforce_plus_plus[_baseline]) ``critic`` and ``critic_opt`` are None (empty pytree nodes: nothing is stored,
+sharded or checkpointed for them).
 
 Optimizers: ``clip_by_global_norm(grad_clip) -> adamw(learning_rate)`` with the learning rate an
 injected hyper-parameter (``optax.inject_hyperparams``) held in the optimizer state. The train step sets
@@ -40,8 +42,8 @@ class TrainState:
     step: jax.Array            # int32: number of update steps done
     actor: Any                 # nnx.State of the CausalLM
     actor_opt: Any
-    critic: Any                # nnx.State of a ValueModel, or of a ScalarHead when share_trunk
-    critic_opt: Any
+    critic: Any                # nnx.State of a ValueModel (a ScalarHead when share_trunk); None: critic-free
+    critic_opt: Any            # None without a critic
     replay: Any                # jaxppo.replay.ReplayState (storage = data + prepared arrays)
     rng: jax.Array             # base key; step keys are fold_in(rng, step)
     kl_coef: jax.Array         # in-reward KL coefficient β (KL-controller state)

@@ -56,9 +56,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.parallel import BATCH_AXES
-from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
-from jaxppo.trainer.prepare import sequence_priority, td_residuals
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
+from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
+from jaxppo.trainer.hparams import StepHP, step_hparams
+from jaxppo.trainer.prepare import sequence_priority, td_residuals
+from jaxppo.trainer.registry import get_policy_loss
 from jaxppo.trainer.state import TrainState, lr_schedule, set_learning_rate
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
@@ -75,21 +77,44 @@ def explained_variance(values, returns, mask):
     return jnp.where(vr > 1e-12, 1.0 - _masked_var(returns - values, mask) / jnp.maximum(vr, 1e-12), 0.0)
 
 
-def _importance(cfg, prox, behaviour, m):
-    ic = cfg.importance
-    rho, met = ops.importance_weights(prox, behaviour, m, level=ic.level, mode=ic.mode, threshold=ic.threshold,
-                                      lower=ic.lower if ic.mode == "mask" else None, veto=ic.veto_threshold, cap_rule=ic.cap_rule)
-    rho = jax.lax.stop_gradient(rho)
-    if not ic.enabled:
-        rho = jnp.ones_like(m)
-    return rho, met
+def behaviour_weights(hp: StepHP, prox: jax.Array, behaviour: jax.Array, m: jax.Array):
+    """``(ρ [B,R] detached, rejection mask [B,R], metrics)`` for ``log_ratio = prox − μ`` (π_prox vs the
+    behaviour policy μ).
+
+    ``importance.enabled``: ``ρ = ops.importance_weights`` (``is/*`` metrics; disabled: ``ρ = 1``, ``is/*`` of
+    the applied weights and ``is_diag/*`` of those that would be applied). ``rollout_correction.rollout_is``:
+    ``ρ = ops.rollout_correction_weights`` (exclusive with ``importance.enabled``, checked in
+    ``hparams.step_hparams``); ``rollout_rs``: the keep mask of ``ops.rejection_mask`` (else ``m``). With any
+    rollout-correction key set, verl's metrics (IS, rejection and ``ops.offpolicy_metrics``) are logged under
+    ``rollout_corr/``.
+    """
+    ih, rc = hp.importance, hp.rollout_corr
+    rho, ism = ops.importance_weights(prox, behaviour, m, level=ih.level, mode=ih.mode, threshold=ih.threshold,
+                                      lower=ih.lower, veto=ih.veto, cap_rule=ih.cap_rule)
+    rho = jax.lax.stop_gradient(rho) if ih.enabled else jnp.ones_like(m)
+    metrics = _is_metrics(ih.enabled, ism)
+    keep = m
+    if rc.enabled:
+        log_ratio = jax.lax.stop_gradient(prox - behaviour)
+        corr = dict(ops.offpolicy_metrics(jax.lax.stop_gradient(prox), behaviour, m))
+        if rc.is_level is not None:
+            rho, isc = ops.rollout_correction_weights(log_ratio, m, level=rc.is_level, threshold=rc.is_threshold,
+                                                      batch_normalize=rc.is_batch_normalize)
+            rho = jax.lax.stop_gradient(rho)
+            corr.update(isc)
+        if rc.rs is not None:
+            keep, rsm = ops.rejection_mask(log_ratio, m, criteria=rc.rs, threshold=rc.rs_threshold)
+            keep = jax.lax.stop_gradient(keep.astype(m.dtype))
+            corr.update(rsm)
+        metrics.update({f"rollout_corr/{k}": v for k, v in corr.items()})
+    return rho, keep, metrics
 
 
-def _is_metrics(cfg, ism) -> dict:
+def _is_metrics(enabled: bool, ism) -> dict:
     """``is/*`` describe the weights applied; with ``importance.enabled=false`` those are all 1 (ESS 1, mean
     and max 1, nothing clipped) and the weights that WOULD be applied are logged as ``is_diag/*``."""
     names = ("ess", "weight_mean", "weight_max", "clipped_frac")
-    if cfg.importance.enabled:
+    if enabled:
         return {f"is/{k}": ism[k] for k in names}
     ones = {"ess": 1.0, "weight_mean": 1.0, "weight_max": 1.0, "clipped_frac": 0.0}
     return {**{f"is/{k}": jnp.float32(ones[k]) for k in names}, **{f"is_diag/{k}": ism[k] for k in names}}
@@ -109,60 +134,67 @@ def count_weights(counts: jax.Array | None, mask: jax.Array, agg: str) -> jax.Ar
     return (c * z)[:, None]
 
 
-def actor_terms(cfg: Any, logits: jax.Array, items, w: jax.Array):
-    """``(pg(w·c·ρ) − c_H·H_c + c_KL·agg_c(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]``
-    (``c``: :func:`count_weights` of ``items["pf_count"]`` when present, else 1; ``agg_c`` the aggregation
-    with those weights). ``algorithm/kl`` is the current policy's ``masked_mean(kl(π_θ, ref))``."""
-    a, alg = cfg.actor, cfg.algorithm
+def actor_terms(hp: StepHP, logits: jax.Array, items, w: jax.Array):
+    """``(pg(w·c·ρ; m·k) − c_H·H_c + c_KL·agg_c(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]``.
+
+    ``pg`` is the policy loss ``hp.actor.policy_loss`` (``registry.POLICY_LOSSES``; "ppo": clip + dual clip)
+    with the detached weights ``w_i·c_i·ρ_t`` (``c``: :func:`count_weights` of ``items["pf_count"]`` when
+    present, else 1; ``ρ`` and the rejection keep-mask ``k`` from :func:`behaviour_weights`); every loss term
+    is aggregated over ``m·k`` (``m`` the response mask). ``algorithm/kl`` is the current policy's
+    ``masked_mean(kl(π_θ, ref))`` over ``m``. Without a critic the data metrics are ``data/score/mean`` and
+    ``actor/advantages/mean`` (no ``critic/*``).
+    """
+    a = hp.actor
     m = items["response_mask"].astype(jnp.float32)
     logp, ent = logp_entropy(logits, items["response_ids"], items["response_mask"])
     prox = items["prox_logp"]
-    rho, ism = _importance(cfg, prox, items["behaviour_logprobs"], m)
-    cw = count_weights(items.get("pf_count"), m, a.loss_agg_mode)
+    rho, keep, ism = behaviour_weights(hp, prox, items["behaviour_logprobs"], m)
+    ml = m * keep
+    cw = count_weights(items.get("pf_count"), ml, a.agg)
     weights = jax.lax.stop_gradient(w[:, None] * cw * rho)
-    pg_loss, pgm = ops.policy_loss(logp, prox, items["advantages"], m, clip_low=a.clip_low,
-                                   clip_high=a.clip_high, clip_c=a.clip_ratio_c, agg=a.loss_agg_mode,
-                                   weights=weights)
-    entropy = ops.aggregate(ent * cw, m, a.loss_agg_mode)
-    kl_loss = ops.aggregate(ops.kl_penalty(logp, items["ref_logp"], a.kl_loss_type) * cw, m, a.loss_agg_mode)
+    pg_loss, pgm = get_policy_loss(a.policy_loss)(logp, prox, items["advantages"], ml, a, weights)
+    entropy = ops.aggregate(ent * cw, ml, a.agg)
+    kl_loss = ops.aggregate(ops.kl_penalty(logp, items["ref_logp"], a.kl_loss_type) * cw, ml, a.agg)
     total = pg_loss - a.entropy_coeff * entropy
     if a.use_kl_loss:
         total = total + a.kl_loss_coef * kl_loss
     seq_rho = (rho * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+    data_prefix = ("critic/advantages/mean", "critic/score/mean") if hp.critic is not None else (
+        "actor/advantages/mean", "data/score/mean")
     aux = {
         "actor/pg_loss": pg_loss, "actor/pg_clipfrac": pgm["pg_clipfrac"],
         "actor/pg_clipfrac_lower": pgm["pg_clipfrac_lower"], "actor/ppo_kl": pgm["ppo_kl"],
         "actor/entropy": entropy, "actor/kl_loss": kl_loss,
-        "critic/advantages/mean": ops.masked_mean(items["advantages"], m),
-        "critic/score/mean": jnp.mean(items["score"]),
+        data_prefix[0]: ops.masked_mean(items["advantages"], m),
+        data_prefix[1]: jnp.mean(items["score"]),
         "response_length/mean": jnp.mean(m.sum(-1)),
-        **_is_metrics(cfg, ism),
+        **ism,
         "replay/sample_efficiency": jnp.mean((w * seq_rho > SAMPLE_EFFICIENCY_THRESHOLD).astype(jnp.float32)),
         "replay/per_weight_mean": jnp.mean(w),
         "algorithm/kl": ops.masked_mean(ops.kl_penalty(jax.lax.stop_gradient(logp), items["ref_logp"],
-                                                       alg.kl_penalty), m),
+                                                       a.kl_penalty), m),
     }
     return total, aux
 
 
-def critic_terms(cfg: Any, values: jax.Array, items, w: jax.Array):
+def critic_terms(hp: StepHP, values: jax.Array, items, w: jax.Array):
     """``(vf_loss (weighted by w·c, clipped), metrics, priority [B] = agg_t|δ_t| of these values)``
     (``c``: :func:`count_weights` of ``items["pf_count"]`` when present)."""
-    c, alg = cfg.critic, cfg.algorithm
+    c = hp.critic
     m = items["response_mask"].astype(jnp.float32)
     values = values * m
-    cw = count_weights(items.get("pf_count"), m, c.loss_agg_mode)
+    cw = count_weights(items.get("pf_count"), m, c.agg)
     vf_loss, vfm = ops.value_loss(values, items["values"], items["returns"], m, clip=c.cliprange_value,
-                                  agg=c.loss_agg_mode, weights=jax.lax.stop_gradient(w[:, None] * cw))
+                                  agg=c.agg, weights=jax.lax.stop_gradient(w[:, None] * cw))
     sv = jax.lax.stop_gradient(values)
-    delta = td_residuals(items["token_rewards"], sv, m, alg.gamma)
+    delta = td_residuals(items["token_rewards"], sv, m, c.gamma)
     aux = {
         "critic/vf_loss": vf_loss, "critic/vf_clipfrac": vfm["vf_clipfrac"],
         "critic/vf_explained_var": explained_variance(sv, items["returns"], m),
         "critic/values/mean": ops.masked_mean(sv, m),
         "critic/returns/mean": ops.masked_mean(items["returns"], m),
     }
-    return vf_loss, aux, sequence_priority(delta, m, alg.priority_agg)
+    return vf_loss, aux, sequence_priority(delta, m, c.priority_agg)
 
 
 def _f32(aux):
@@ -180,33 +212,37 @@ class Phase(NamedTuple):
     epochs: int
 
 
-def make_phases(cfg: Any, actor_gd, critic_gd) -> list[Phase]:
+def make_phases(hp: StepHP, actor_gd, critic_gd) -> list[Phase]:
     """Separate models: an actor phase (``actor.ppo_epochs``) and a critic phase (``critic.ppo_epochs``,
     loss ``c_v·vf``). ``share_trunk``: one joint phase ``pg − c_H·H + c_KL·kl + c_v·vf`` over (trunk+LM
     head, value head) with ``actor.ppo_epochs`` epochs (every joint update moves the policy, so the
-    policy's epoch count governs; ``critic.ppo_epochs`` is not used)."""
-    c = cfg.critic
+    policy's epoch count governs; ``critic.ppo_epochs`` is not used). Critic-free (``hp.critic is None``):
+    the actor phase only."""
+    c = hp.critic
+
+    def actor_loss(params, items, w):
+        la, aux = actor_terms(hp, response_logits(actor_gd, params[0], items), items, w)
+        return la, (_f32({**aux, "_loss": la}), None)
+
+    if c is None:
+        return [Phase(("actor",), actor_loss, hp.actor_epochs)]
     if c.share_trunk:
         def joint(params, items, w):
             logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], items,
                                                     share_trunk=True)
-            la, aux_a = actor_terms(cfg, logits, items, w)
-            vf, aux_c, prio = critic_terms(cfg, values, items, w)
+            la, aux_a = actor_terms(hp, logits, items, w)
+            vf, aux_c, prio = critic_terms(hp, values, items, w)
             total = la + c.vf_coef * vf
             return total, (_f32({**aux_a, **aux_c, "_loss": total}), prio)
-        return [Phase(("actor", "critic"), joint, cfg.actor.ppo_epochs)]
-
-    def actor_loss(params, items, w):
-        la, aux = actor_terms(cfg, response_logits(actor_gd, params[0], items), items, w)
-        return la, (_f32({**aux, "_loss": la}), None)
+        return [Phase(("actor", "critic"), joint, hp.actor_epochs)]
 
     def critic_loss(params, items, w):
-        vf, aux, prio = critic_terms(cfg, response_values(critic_gd, params[0], items), items, w)
+        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], items), items, w)
         lc = c.vf_coef * vf
         return lc, (_f32({**aux, "_loss": lc}), prio)
 
-    return [Phase(("actor",), actor_loss, cfg.actor.ppo_epochs),
-            Phase(("critic",), critic_loss, c.ppo_epochs)]
+    return [Phase(("actor",), actor_loss, hp.actor_epochs),
+            Phase(("critic",), critic_loss, hp.critic_epochs)]
 
 
 def strided_split(x: jax.Array, n: int) -> jax.Array:
@@ -314,35 +350,38 @@ _GRAD_NORM_KEYS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 
 def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTransformation,
-                    critic_tx: optax.GradientTransformation, *, state_shardings=None, mesh=None):
-    """The jitted step ``state -> (state, metrics)`` (donated state; explicit shardings with a mesh)."""
-    a, rc, alg = cfg.actor, cfg.replay, cfg.algorithm
-    B = a.ppo_mini_batch_size
-    mb = a.ppo_micro_batch_size or B
-    n_micro = B // mb
-    prioritized = rc.sampling == "prioritized"
-    beta_steps = rc.beta_steps or cfg.trainer.total_steps
-    actor_lr = lr_schedule(a.optim, cfg.trainer.total_steps)
+                    critic_tx: optax.GradientTransformation | None, *, state_shardings=None, mesh=None,
+                    hp: StepHP | None = None):
+    """The jitted step ``state -> (state, metrics)`` (donated state; explicit shardings with a mesh).
+
+    ``cfg`` gives only the LR schedules (``actor.optim`` / ``critic.optim``, ``trainer.total_steps``); everything
+    else comes from ``hp`` (default ``hparams.step_hparams(cfg)``). Critic-free (``hp.critic is None``): no critic
+    phase, no ``critic/*`` metrics, ``state.critic`` stays None.
+    """
+    hp = step_hparams(cfg) if hp is None else hp
+    rh, pf = hp.replay, hp.pf
+    B, n_micro = hp.mini_batch, hp.mini_batch // hp.micro_batch
+    prioritized = rh.prioritized
+    td_priority = rh.priority == "td_error"
+    actor_lr = lr_schedule(cfg.actor.optim, cfg.trainer.total_steps)
     critic_lr = lr_schedule(cfg.critic.optim, cfg.trainer.total_steps)
     txs = {"actor": actor_tx, "critic": critic_tx}
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
     phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
-              for ph in make_phases(cfg, actor_gd, critic_gd)]
-    pf = cfg.pf_ppo
-    reweight = pf.enabled and pf.reweight_method != "none"
-    kc = alg.kl_ctrl
+              for ph in make_phases(hp, actor_gd, critic_gd)]
+    kc = cfg.algorithm.kl_ctrl
 
     def step(state: TrainState):
         key = jax.random.fold_in(state.rng, state.step)
         k_sample, k_pf = jax.random.split(key)
-        beta = replay_lib.linear_beta(state.step, rc.beta0, beta_steps) if prioritized else jnp.float32(0.0)
+        beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if prioritized else jnp.float32(0.0)
         smp = replay_lib.sample(state.replay, k_sample, B, beta=beta)
         items, idx = dict(smp.items), smp.indices
         if prioritized:
             w = filtered_weights(state.replay, smp, state.replay.storage["filter_w"], beta)
         else:
             w = jnp.ones_like(smp.weights)
-        if reweight:     # verl's resample, as per-row counts (module docstring, item 1)
+        if pf.reweight:     # verl's resample, as per-row counts (module docstring, item 1)
             sel = replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(items["score"], pf.reweight_method,
                                                                              pf.weight_pow))
             items["pf_count"] = jnp.zeros((B,), jnp.float32).at[sel].add(1.0)
@@ -366,8 +405,10 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
 
         rs = state.replay
         if prioritized:
-            rs = replay_lib.set_priorities(rs, idx, filtered_stored_priority(rs, prio, items["filter_w"]),
-                                           refresh=False)
+            if td_priority:    # fresh |δ| of every sampled slot; other priorities only change at a refresh
+                rs = replay_lib.set_priorities(rs, idx, filtered_stored_priority(rs, prio, items["filter_w"]),
+                                               refresh=False)
+            rs = replay_lib.record_sample(rs, idx)    # staleness decay (replay.decay), one count per draw
         kl_coef = state.kl_coef
         if kc.type == "adaptive":
             kl_coef = ops.adaptive_kl_update(kl_coef, metrics["algorithm/kl"], B, target=kc.target_kl,
@@ -383,14 +424,20 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         )
         rm = replay_lib.metrics(new.replay)
         metrics.update({
-            "actor/lr": lrs["actor"] * state.lr_scale, "critic/lr": lrs["critic"],
-            "actor/kl_coef": jnp.float32(a.kl_loss_coef if a.use_kl_loss else 0.0),
+            "actor/lr": lrs["actor"] * state.lr_scale,
+            "actor/kl_coef": jnp.float32(hp.actor.kl_loss_coef if hp.actor.use_kl_loss else 0.0),
             "algorithm/kl_coef": new.kl_coef,
             "replay/priority_mean": rm["priority_mean"], "replay/priority_max": rm["priority_max"],
             "replay/beta": beta,
             "train/nan_skipped": (~finite).astype(jnp.float32),
             "train/nan_total": new.nan_total.astype(jnp.float32),
         })
+        if hp.critic is not None:
+            metrics["critic/lr"] = lrs["critic"]
+        if prioritized and new.replay.decay != "none":
+            sm = replay_lib.staleness_metrics(new.replay)
+            metrics.update({f"replay/{k}": sm[k] for k in ("sample_count_mean", "sample_count_max", "age_mean")
+                            if k in sm})
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return new, metrics
 

@@ -160,9 +160,11 @@ def _sample_all(rs):
 
 # ------------------------------------------------------------------------------- losses (6a, 6e, 6f)
 def _cfg(*overrides):
+    """The step's hyper-parameter records (``hparams.step_hparams``) of a config with ``overrides``."""
     from jaxppo.config import load_config
+    from jaxppo.trainer.hparams import step_hparams
 
-    return load_config(None, ["actor.ppo_mini_batch_size=4", "replay.capacity=8", *overrides])
+    return step_hparams(load_config(None, ["actor.ppo_mini_batch_size=4", "replay.capacity=8", *overrides]))
 
 
 def _items(b=4, r=5, v=7, seed=0):

@@ -129,28 +129,64 @@ def test_ppo_epochs_equal_repeated_updates_on_one_minibatch(make_cfg):
 
 
 def test_dataset_larger_than_buffer_moves_window_by_window(make_cfg):
-    """replay.capacity below the training rows: window k holds rows (k·n_use + j) mod n_rows (wrapping),
-    with their data and reference log-probs; after prepare the step runs on it without recompiling."""
+    """replay.capacity below the training rows: the rows are cut into windows of WHOLE prompt groups (each at
+    most 50 rows; the data has 4 responses per prompt, so a window holds 12 groups = 48 rows); window k
+    holds its rows with their data and reference log-probs, the slots past it are invalid (filter weight 0,
+    a group id of their own); after prepare the step runs on it without recompiling; windows cycle."""
     from jaxppo.trainer.setup import load_window
 
-    run = build_run(make_cfg("replay.capacity=48", "critic.ppo_epochs=1"), devices=jax.devices()[:1])
+    run = build_run(make_cfg("replay.capacity=50", "critic.ppo_epochs=1"), devices=jax.devices()[:1])
     n_rows = run.train["prompt_ids"].shape[0]
-    assert n_rows > 2 * 48 and run.n_use == 48 and run.capacity == 48
-    np.testing.assert_array_equal(np.asarray(run.state.replay.storage["row"]), np.arange(48))
+    gid = run.train["group_id"]
+    assert n_rows > 2 * 50 and run.n_use == 50 and run.capacity == 56
+    ws = run.windows
+    np.testing.assert_array_equal(np.concatenate(ws), np.arange(n_rows))       # a partition, in order
+    for w in ws:
+        assert len(w) <= 50
+        assert not set(gid[w]) & set(np.delete(gid, w)), "a prompt group is split between windows"
+    assert len(ws[0]) == 48
+    np.testing.assert_array_equal(np.asarray(run.state.replay.storage["row"])[:48], np.arange(48))
     state = run.prepare(run.state)
     state, _ = run.step(state)
-    for k in (1, 2, 3):      # 3·48 > n_rows: the third window wraps to the start of the dataset
+    for k in (1, 2, len(ws)):      # window len(ws) is window 0 again
         state = run.prepare(load_window(run, state, k))
-        rows = (k * 48 + np.arange(48)) % n_rows
+        rows = ws[k % len(ws)]
+        n = len(rows)
         st = jax.device_get(state.replay.storage)
-        assert int(state.data_cursor) == (k * 48) % n_rows
-        np.testing.assert_array_equal(st["row"], rows)
-        np.testing.assert_array_equal(st["response_ids"], run.train["response_ids"][rows])
-        np.testing.assert_array_equal(st["ref_logp"], run.train["ref_logp"][rows])
-        assert (np.asarray(state.replay.priorities)[:48] > 0).all()
+        assert int(state.data_cursor) == rows[0]
+        np.testing.assert_array_equal(st["row"][:n], rows)
+        np.testing.assert_array_equal(st["response_ids"][:n], run.train["response_ids"][rows])
+        np.testing.assert_array_equal(st["ref_logp"][:n], run.train["ref_logp"][rows])
+        assert (st["filter_w"][n:] == 0).all() and (np.asarray(state.replay.priorities)[n:] == 0).all()
+        assert len(set(st["group_id"][n:])) == run.capacity - n and (st["group_id"][n:] < gid.min()).all()
+        assert (np.asarray(state.replay.priorities)[:n] > 0).all()
         state, m = run.step(state)
         assert m["train/nan_skipped"] == 0.0
     assert run.step._cache_size() == 1 and run.prepare._cache_size() == 1
+
+
+def test_group_windows_keep_groups_whole():
+    """Hand cases of group_order / group_windows / window_slots, and the ConfigError for a group that does
+    not fit a window."""
+    from jaxppo.config import ConfigError
+    from jaxppo.trainer.setup import group_order, group_windows, window_slots
+
+    gid = np.array([7, 3, 7, 3, 5, 5, 5, 9])
+    order = group_order(gid)
+    np.testing.assert_array_equal(order, [0, 2, 1, 3, 4, 5, 6, 7])              # first appearance, stable
+    np.testing.assert_array_equal(group_order(np.array([1, 1, 2, 2])), [0, 1, 2, 3])   # already contiguous
+    g = gid[order]                                                                  # 7 7 3 3 5 5 5 9
+    assert [w.tolist() for w in group_windows(g, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [w.tolist() for w in group_windows(g, 5)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [w.tolist() for w in group_windows(g, 3)] == [[0, 1], [2, 3], [4, 5, 6], [7]]
+    assert [w.tolist() for w in group_windows(g, 8)] == [list(range(8))]
+    with pytest.raises(ConfigError, match="replay.capacity"):
+        group_windows(g, 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        group_windows(gid, 4)
+    rows, valid = window_slots(np.array([4, 5, 6]), 5)
+    np.testing.assert_array_equal(rows, [4, 5, 6, 6, 6])
+    np.testing.assert_array_equal(valid, [True, True, True, False, False])
 
 
 def test_lr_follows_the_train_step_not_the_update_count(make_cfg):
