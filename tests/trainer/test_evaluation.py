@@ -225,3 +225,136 @@ def test_prompt_means_average_consecutive_samples():
     np.testing.assert_allclose(prompt_means([1.0, 3.0], 1), [1.0, 3.0])
     with pytest.raises(ValueError, match="multiple of samples=3"):
         prompt_means([1.0, 2.0], 3)
+
+
+# ----------------------------------------------------------------------------- the shared evaluation path
+
+def _numpy_bootstrap_mean(x, n_boot, seed, level):
+    """Independent reference: the same resampling stream (numpy default_rng, chunks of 256 rows of n indices),
+    one mean per resample, linear-interpolated percentiles."""
+    x = np.asarray(x, np.float64)
+    rng = np.random.default_rng(seed)
+    means = []
+    left = n_boot
+    while left:
+        m = min(256, left)
+        means.extend(x[rng.integers(0, x.size, size=(m, x.size))].mean(axis=1))
+        left -= m
+    return tuple(np.quantile(np.asarray(means), [(1 - level) / 2, (1 + level) / 2]))
+
+
+def test_bootstrap_mean_ci_hand_cases_and_numpy_reference():
+    from jaxppo.trainer.evaluation import bootstrap_mean_ci
+
+    assert bootstrap_mean_ci([2.5] * 7) == (2.5, 2.5)                       # a constant: a point
+    # two prompts (0, 1): resample means 0, 0.5, 1 with probability 1/4, 1/2, 1/4
+    assert bootstrap_mean_ci([0.0, 1.0], n_boot=4000, level=0.5) == (0.5, 0.5)
+    assert bootstrap_mean_ci([0.0, 1.0], n_boot=4000, level=0.9) == (0.0, 1.0)
+    x = np.random.default_rng(3).normal(size=23)
+    for n_boot, seed, level in ((2000, 0, 0.95), (300, 5, 0.8), (257, 1, 0.99)):
+        np.testing.assert_allclose(bootstrap_mean_ci(x, n_boot=n_boot, seed=seed, level=level),
+                                   _numpy_bootstrap_mean(x, n_boot, seed, level), rtol=0, atol=1e-12)
+    for bad, match in (([], "empty"), ([[1.0]], "1-D"), ([np.inf], "NaN or inf")):
+        with pytest.raises(ValueError, match=match):
+            bootstrap_mean_ci(bad)
+    with pytest.raises(ValueError, match="n_boot"):
+        bootstrap_mean_ci([1.0], n_boot=0)
+
+
+@given(st.lists(st.floats(-5, 5), min_size=1, max_size=20), st.lists(st.floats(-5, 5), min_size=20, max_size=20),
+       st.integers(0, 3))
+def test_paired_interval_is_the_one_sample_interval_of_the_differences(after, before, seed):
+    """bootstrap_ci(before, after) == bootstrap_mean_ci(after − before): the refactor keeps the numbers."""
+    from jaxppo.trainer.evaluation import bootstrap_mean_ci
+
+    a, b = np.asarray(after), np.asarray(before[:len(after)])
+    assert bootstrap_ci(b, a, n_boot=200, seed=seed) == bootstrap_mean_ci(a - b, n_boot=200, seed=seed)
+    lo, hi = bootstrap_mean_ci(a, n_boot=200, seed=seed)
+    assert a.min() - 1e-9 <= lo <= hi <= a.max() + 1e-9
+
+
+def _result(rewards, kl=0.0, length=3.0):
+    n = len(rewards)
+    return {"rewards": np.asarray(rewards, np.float32), "kl": kl, "response_length": length,
+            "prompts": [f"p{i}" for i in range(n)], "responses": [f"r{i}" for i in range(n)]}
+
+
+def test_compare_final_summary_and_eval_samples(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from jaxppo.trainer.evaluation import compare, final_summary, write_eval_samples
+
+    before, after = _result([0.0, 1.0, 2.0, 4.0], length=5.0), _result([1.0, 1.0, 4.0, 4.0], kl=0.25, length=6.0)
+    c = compare(before, after, 2, seed=3)                  # prompts (0,1) (2,4) -> before [0.5, 3], after [1, 4]
+    np.testing.assert_allclose(c["before"], [0.5, 3.0])
+    np.testing.assert_allclose(c["after"], [1.0, 4.0])
+    assert (c["reward_before"], c["reward_after"], c["n_prompts"]) == (1.75, 2.5, 2)
+    assert c["gain"] == pytest.approx(0.75)
+    assert c["gain_ci95"] == list(bootstrap_ci([0.5, 3.0], [1.0, 4.0], seed=3))
+    ev = SimpleNamespace(samples=2, seed=3)
+    s = final_summary(ev, before, after)
+    assert s == {"eval/n_prompts": 2, "eval/samples_per_prompt": 2, "eval/reward_before": 1.75,
+                 "eval/reward_after": 2.5, "eval/reward_gain": c["gain"], "eval/reward_gain_ci95": c["gain_ci95"],
+                 "eval/kl": 0.25, "eval/response_length_before": 5.0, "eval/response_length_after": 6.0}
+    with pytest.raises(ValueError, match="same ones"):
+        compare(before, _result([1.0, 2.0]), 1)
+    write_eval_samples(tmp_path / "a.jsonl", before, after)
+    rows = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert rows[3] == {"prompt": "p3", "before": "r3", "after": "r3", "reward_before": 4.0, "reward_after": 4.0}
+    write_eval_samples(tmp_path / "b.jsonl", before, after, names=("reference", "policy"), response_prefix="response_")
+    row = json.loads((tmp_path / "b.jsonl").read_text().splitlines()[0])
+    assert row == {"prompt": "p0", "response_reference": "r0", "response_policy": "r0", "reward_reference": 0.0,
+                   "reward_policy": 1.0}
+
+
+def test_heldout_eval_is_evaluate_policy_with_the_config(monkeypatch):
+    """HeldoutEval calls evaluate_policy with the config's prompts, sampling, key and reward; step_metrics gives
+    eval/reward_mean (mean of per-prompt means), the bootstrap interval over prompts, eval/kl and the length."""
+    from jaxppo.config import load_config
+    from jaxppo.trainer import evaluation
+    from jaxppo.trainer.evaluation import EVAL_KEY_SALT, bootstrap_mean_ci, heldout_eval
+
+    cfg = load_config(None, ["trainer.eval_prompts=2", "trainer.eval_samples=3", "trainer.seed=4",
+                             "rollout.max_new_tokens=9", "data.max_response_length=7", "rollout.temperature=0.5",
+                             "rollout.top_k=3", "rollout.batch_size=5", "reward.kind=length",
+                             "reward.target_length=5"])
+    ids = np.arange(8)[:, None] * np.ones((1, 2), np.int32)
+    heldout = {"prompt_ids": ids, "prompt_mask": np.ones_like(ids), "group_id": np.array([5, 5, 1, 1, 1, 2, 2, 8])}
+    tok = SimpleTok()
+    ev = heldout_eval(cfg, heldout, tok, (2, 3))
+    assert ev.available and ev.samples == 3 and ev.seed == 4
+    np.testing.assert_array_equal(ev.prompt_ids[:, 0], [0, 0, 0, 2, 2, 2])
+    assert dict(ev.gen) == dict(max_new_tokens=7, temperature=0.5, top_k=3, top_p=1.0, eos_token_id=(2, 3),
+                                pad_token_id=0, batch_size=5)
+    np.testing.assert_array_equal(jax.random.key_data(ev.key) if jnp.issubdtype(ev.key.dtype, jax.dtypes.prng_key)
+                                  else ev.key, jax.random.fold_in(jax.random.PRNGKey(4), EVAL_KEY_SALT))
+    from jaxppo.rewards import length_reward
+
+    texts = ["a b c d e", "a", "a b c d e f g h i j k l"]
+    got = ev.reward_fn(["p"] * 3, texts)                                # the length reward of the config
+    np.testing.assert_allclose(got, length_reward(["p"] * 3, texts, target_length=5))
+    assert not np.allclose(got, length_reward(["p"] * 3, texts, target_length=32))
+    seen = {}
+
+    def fake(model, ref, tokenizer, prompt_ids, prompt_mask, reward_fn, key, **kw):
+        seen.update(model=model, ref=ref, tokenizer=tokenizer, n=prompt_ids.shape[0], kw=kw, reward_fn=reward_fn)
+        return _result([1.0, 2.0, 3.0, 0.0, 0.0, 6.0], kl=0.5, length=4.0)
+
+    monkeypatch.setattr(evaluation, "evaluate_policy", fake)
+    res = ev("POLICY", "REF")
+    assert (seen["model"], seen["ref"], seen["tokenizer"], seen["n"]) == ("POLICY", "REF", tok, 6)
+    assert seen["kw"] == dict(ev.gen) and seen["reward_fn"] is ev.reward_fn
+    m = ev.step_metrics(res)                                 # per-prompt means [2, 2]
+    lo, hi = bootstrap_mean_ci([2.0, 2.0], seed=4)
+    assert m == {"eval/reward_mean": 2.0, "eval/reward_ci_lo": lo, "eval/reward_ci_hi": hi, "eval/kl": 0.5,
+                 "eval/response_length": 4.0}
+    empty = heldout_eval(cfg, {k: v[:0] for k, v in heldout.items()}, tok, None)
+    assert not empty.available
+    with pytest.raises(ValueError, match="no held-out prompts"):
+        empty("POLICY", "REF")
+
+
+class SimpleTok:
+    pad_token_id = 0
+    eos_token_id = 2
