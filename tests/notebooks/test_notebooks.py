@@ -1,0 +1,127 @@
+"""The ablation notebooks execute end to end at toy size (``PROFILE="ci"``), and every sweep file they use plans.
+
+Each notebook is executed with papermill into ``tmp_path`` with its sweep outputs redirected there
+(``OUTPUT_ROOT``); its ``conclusion``-tagged cell must print a ``CONCLUSION`` block with one comparison line per
+non-baseline variant, each quoting a final reward with a 95% interval and a verdict chosen by the stated rule.
+The sweeps run in subprocesses with one simulated CPU device (``sweep_report.run_sweep`` sets ``XLA_FLAGS``),
+sharing one compilation cache across the notebooks of this module.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ("importance_sampling", "prioritized_replay", "pf_ppo_filters", "ppo_vs_dpo_critic_free")
+SWEEPS = ("is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "pf_filters",
+          "critic_free")
+VERDICT = re.compile(r"^  (\S+) vs (\S+): final reward (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] vs "
+                     r"(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]: (higher|lower|no difference measured)")
+
+
+def _import_report():
+    sys.path.insert(0, str(REPO / "notebooks"))
+    try:
+        import sweep_report
+    finally:
+        sys.path.remove(str(REPO / "notebooks"))
+    return sweep_report
+
+
+def test_every_notebook_is_here_and_old_one_is_gone():
+    for name in NOTEBOOKS:
+        assert (REPO / "notebooks" / f"{name}.ipynb").is_file(), name
+    assert not (REPO / "notebooks" / "ablations.ipynb").exists()
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_parameters_cell(name):
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1
+    assert 'PROFILE = "full"' in params[0].source and "OUTPUT_ROOT = " in params[0].source
+    assert any("conclusion" in c.metadata.get("tags", []) for c in nb.cells)
+    assert "ci profile" in nb.cells[0].source and 'PROFILE = "full"' in nb.cells[0].source
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+@pytest.mark.parametrize("profile", ["ci", "full", None])
+def test_sweep_files_plan(sweep, profile, monkeypatch):
+    """Every run of every profile loads its config (unknown key or bad value -> SweepError); the ci profiles
+    stay toy-sized: <= 3 variants, 2 seeds, <= 4 update steps."""
+    from jaxppo.sweeps.spec import load_sweep, plan_runs
+
+    monkeypatch.chdir(REPO)
+    with pytest.warns(UserWarning, match="seeds") if profile == "ci" else _nullcontext():
+        spec = load_sweep(REPO / "configs" / "sweeps" / f"{sweep}.yaml", profile=profile)
+    runs = plan_runs(spec)
+    assert runs and {r.variant for r in runs} == set(spec.variants)
+    if profile == "ci":
+        assert len(spec.variants) <= 3 and len(spec.seeds) == 2
+        assert all(r.total_steps <= 4 for r in runs)
+    else:
+        assert len(spec.seeds) >= 5 and all(r.total_steps == 40 for r in runs)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _fake_summary(rows):
+    import pandas as pd
+
+    cols = ("final_reward_mean", "final_reward_ci95_lo", "final_reward_ci95_hi", "efficiency_ratio",
+            "efficiency_ratio_ci95_lo", "efficiency_ratio_ci95_hi")
+    return pd.DataFrame([{"variant": v, **dict(zip(cols, vals))} for v, vals in rows])
+
+
+@pytest.mark.parametrize("vals,word", [
+    ((0.70, 0.61, 0.79), "higher"),                    # 0.61 > 0.55: no overlap above
+    ((0.30, 0.20, 0.44), "lower"),                     # 0.44 < 0.45: no overlap below
+    ((0.52, 0.41, 0.63), "no difference measured"),    # overlaps [0.45, 0.55]
+    ((0.56, 0.55, 0.57), "no difference measured"),    # touching intervals count as overlapping
+    ((0.90, float("nan"), float("nan")), "not measurable"),
+])
+def test_verdict_rule(vals, word):
+    sr = _import_report()
+    summ = _fake_summary([("base", (0.50, 0.45, 0.55, 1.0, 1.0, 1.0)), ("v", (*vals, 2.0, 1.5, 3.0))])
+    text = sr.verdict(summ, "v", "base")
+    assert f": {word}" in text
+    assert text.startswith("v vs base: final reward ")
+    assert "data-efficiency ratio 2.00 [1.50, 3.00]" in text
+
+
+@pytest.mark.slow
+def test_notebooks_execute_ci_profile(tmp_path):
+    """Execute the four notebooks with PROFILE="ci" (toy sweeps) into tmp_path; each conclusion names every
+    non-baseline variant with numbers and a rule-chosen verdict."""
+    import nbformat
+    import papermill
+
+    out_root = tmp_path / "sweeps"
+    for name in NOTEBOOKS:
+        out_nb = tmp_path / f"{name}.ipynb"
+        papermill.execute_notebook(str(REPO / "notebooks" / f"{name}.ipynb"), str(out_nb),
+                                   parameters={"PROFILE": "ci", "OUTPUT_ROOT": str(out_root)}, cwd=str(REPO),
+                                   kernel_name="python3", progress_bar=False)
+        nb = nbformat.read(out_nb, as_version=4)
+        cell = next(c for c in nb.cells if "conclusion" in c.metadata.get("tags", []))
+        text = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+        assert text.startswith("CONCLUSION\n"), (name, text)
+        verdicts = [m for ln in text.splitlines() if (m := VERDICT.match(ln))]
+        assert len(verdicts) >= 2, (name, text)   # every ci sweep has >= 3 variants, one of them the baseline
+        for m in verdicts:
+            mean, lo, hi = float(m.group(3)), float(m.group(4)), float(m.group(5))
+            assert lo <= mean <= hi, (name, m.group(0))
+        # the sweep outputs went to OUTPUT_ROOT, with results.csv and summary tables read from there
+        assert list(out_root.glob("*_ci/results.csv")), name
