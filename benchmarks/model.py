@@ -2,8 +2,12 @@
 
 Same configuration (SmolLM2-135M shape by default: 30 layers, d=576, 9 heads / 3 KV heads, MLP 1536,
 vocab 49152, tied embeddings), same batch (8 x 128 tokens), float32, random init, next-token
-cross-entropy loss averaged over tokens, gradients w.r.t. every parameter. The two frameworks are
-timed alternately in one process (the machine is shared and noisy); the median step time is reported.
+cross-entropy loss averaged over tokens, gradients w.r.t. every parameter. The JAX loss slices the hidden
+states to the T-1 predicting positions before the LM head (like the trainer's response pass), so no
+[B, T, V] logits slice is copied and no padded gradient of it is built; ``--scan-layers`` picks
+``lax.scan`` (true), unrolled layers (false) or the model default (auto, see ``LMConfig.unroll_layers``).
+The two frameworks are timed alternately in one process (the machine is shared and noisy); the median step
+time is reported.
 
 Model FLOPs per step = 3 x forward FLOPs (backward = 2 x forward), forward FLOPs per token =
 2 x (matmul parameters, LM head included) + 4 x layers x T x heads x head_dim (scores and
@@ -11,7 +15,8 @@ attention-weighted values over the full T x T, as both implementations compute t
 MFU = model FLOP/s / the best FLOP/s of a large float32 matmul (max of jnp.dot and torch.matmul),
 measured right before each pair of steps; speed-up and MFU are medians of the per-repeat values.
 
-    python benchmarks/model.py [--layers 30] [--batch 8] [--seq 128] [--repeats 5] [--out benchmarks/results/model.json]
+    python benchmarks/model.py [--layers 30] [--batch 8] [--seq 128] [--repeats 5] [--scan-layers auto|true|false]
+                               [--out benchmarks/results/model.json]
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ def jax_step_fn(model: CausalLM):
     graphdef, params = nnx.split(model)
 
     def loss_fn(params, ids, mask):
-        logits = nnx.merge(graphdef, params)(ids, mask)[:, :-1]
+        m = nnx.merge(graphdef, params)
+        logits = m.logits_from_hidden(m.hidden_states(ids, mask)[:, :-1])
         tgt = jnp.take_along_axis(logits, ids[:, 1:, None], axis=-1)[..., 0]
         nll = jax.nn.logsumexp(logits, axis=-1) - tgt
         return jnp.mean(nll)
@@ -80,12 +86,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--matmul", type=int, default=2048)
+    ap.add_argument("--scan-layers", choices=("auto", "true", "false"), default="auto")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "model.json"))
     args = ap.parse_args(argv)
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
 
-    cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": args.layers})
+    scan = {"auto": "auto", "true": True, "false": False}[args.scan_layers]
+    cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": args.layers, "scan_layers": scan})
     rng = np.random.default_rng(0)
     ids_np = rng.integers(0, cfg.vocab_size, size=(args.batch, args.seq)).astype(np.int64)
     mask_np = np.ones_like(ids_np)
@@ -128,7 +136,8 @@ def main(argv=None) -> dict:
     peak = statistics.median(mm_rates)
     res = {"config": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
                       "kv_heads": cfg.num_key_value_heads, "mlp": cfg.intermediate_size, "vocab": cfg.vocab_size,
-                      "batch": args.batch, "seq": args.seq, "dtype": "float32"},
+                      "batch": args.batch, "seq": args.seq, "dtype": "float32", "scan_layers": args.scan_layers,
+                      "unrolled": cfg.unroll_layers},
            "machine": {"cpus": threads, "platform": platform.platform(), "jax": jax.__version__,
                        "torch": torch.__version__, "loadavg_1m": os.getloadavg()[0]},
            "model_flops_per_step": flops}
@@ -146,7 +155,8 @@ def main(argv=None) -> dict:
                     "mfu_ge_0.5": res["jax"]["mfu_vs_best_matmul"] >= 0.5}
 
     print(f"\nfwd+bwd, {cfg.num_hidden_layers} layers d={cfg.hidden_size} V={cfg.vocab_size}, batch {args.batch}x"
-          f"{args.seq} float32, {threads} CPU threads (load avg {res['machine']['loadavg_1m']:.1f})")
+          f"{args.seq} float32, {'unrolled' if cfg.unroll_layers else 'scanned'} layers, {threads} CPU threads "
+          f"(load avg {res['machine']['loadavg_1m']:.1f})")
     print(f"{'impl':<22}{'step s (median)':>16}{'step s (min)':>14}{'tokens/s':>12}{'GFLOP/s':>10}{'MFU':>8}")
     for name, label in (("jax", "jaxppo (JAX/Flax NNX)"), ("torch", "transformers (torch)")):
         r = res[name]

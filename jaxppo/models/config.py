@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, str] = {
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
+AUTO_UNROLL_MAX_LAYERS = 8  # scan_layers="auto" unrolls up to this depth on CPU (compile time grows with depth)
 
 # class defaults of transformers' configs, used when a config.json omits the field
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -51,7 +52,9 @@ class LMConfig:
     None or a mapping with ``rope_type`` in ("linear", "llama3") and its parameters; it is stored
     as a sorted tuple of pairs so the config stays hashable (read it back with ``rope_scaling_dict``).
     ``sliding_window`` (Mistral): a query attends to keys less than ``sliding_window`` positions back.
-    ``scan_layers``: apply the layer stack with ``lax.scan`` (fast compiles) instead of unrolling it.
+    ``scan_layers``: True applies the layer stack with ``lax.scan`` (compile time independent of depth),
+    False unrolls it (one program per layer: no per-iteration weight copies or stacked activation buffers,
+    per-layer KV buffers in decoding; compile time grows with depth), "auto" (default) = ``unroll_layers``.
     """
 
     vocab_size: int
@@ -76,7 +79,7 @@ class LMConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     remat: bool = False
-    scan_layers: bool = True
+    scan_layers: bool | str = "auto"
     initializer_range: float = 0.02
 
     def __post_init__(self):
@@ -123,6 +126,9 @@ class LMConfig:
                 if k not in d:
                     raise ValueError(f"LMConfig.rope_scaling: rope_type {rtype!r} needs field {k!r}, got {sorted(d)}")
             set_("rope_scaling", None if rtype == "default" else _freeze(d))
+        if self.scan_layers not in (True, False, "auto") or isinstance(self.scan_layers, (int, float)) and not \
+                isinstance(self.scan_layers, bool):
+            raise ValueError(f"LMConfig.scan_layers must be true, false or 'auto', got {self.scan_layers!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"LMConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
 
@@ -130,6 +136,21 @@ class LMConfig:
     @property
     def rope_scaling_dict(self) -> dict | None:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @property
+    def unroll_layers(self) -> bool:
+        """Whether the layer stack is unrolled: ``not scan_layers``; for "auto", True when the default JAX
+        backend is the CPU (read at trace time) and the model has at most ``AUTO_UNROLL_MAX_LAYERS`` layers.
+
+        Measured on the 2-core CPU (loaded, process CPU time), SmolLM2-135M shape: unrolled fwd+bwd at 8x128 is
+        ~7% cheaper per step (9.3 s vs 10.0 s) and a 64x16+16 sampled decode ~5% (6.5 s vs 6.8 s), but the
+        30-layer programs compile ~10-15 s longer each (37 s vs 27 s, 40 s vs 25 s); at 4 layers compile times
+        are equal. So deep models keep the scan (a short run compiles several programs), shallow ones unroll.
+        """
+        if self.scan_layers == "auto":
+            import jax
+            return self.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS and jax.default_backend() == "cpu"
+        return not self.scan_layers
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -160,7 +160,11 @@ def _generate(graphdef, state, prompt_ids, prompt_mask, key, temperature, top_p,
     eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
 
     cache = trunk.init_cache(b, p + n)
-    h, cache = trunk.forward_cached(prompt_ids, positions_from_mask(prompt_mask), prompt_mask, cache, 0)
+    # unrolled layers: slice the stacked weights once here, so the decode loop reads loop-invariant per-layer
+    # arrays instead of copying every layer's weights out of the stack at each token
+    layer_params = trunk.layers.layer_params(trunk.compute_dtype) if model.config.unroll_layers else None
+    h, cache = trunk.forward_cached(prompt_ids, positions_from_mask(prompt_mask), prompt_mask, cache, 0,
+                                    layer_params)
     logits = model.logits_from_hidden(h[:, -1:])[:, 0]
     start_pos = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # position of the first new token
 
@@ -188,7 +192,7 @@ def _generate(graphdef, state, prompt_ids, prompt_mask, key, temperature, top_p,
         i, tok, cache, bufs, done = carry
         slot = p + i - 1  # slot of the previous token
         h, cache = trunk.forward_cached(tok[:, None], (start_pos + i - 1)[:, None], jnp.ones((b, 1), jnp.int32),
-                                        cache, slot)
+                                        cache, slot, layer_params)
         logits = model.logits_from_hidden(h)[:, 0]
         tok, bufs, done = emit(i, logits, bufs, done)
         return i + 1, tok, cache, bufs, done

@@ -78,19 +78,23 @@ def attention_allowed(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array
     return ok
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
+              kv_heads_first: bool = False) -> jax.Array:
     """Grouped-query softmax attention.
 
-    ``q`` [B, T, H, hd], ``k``/``v`` [B, S, K, hd] (H = K·G), ``allowed`` [B, T, S] bool.
+    ``q`` [B, T, H, hd], ``k``/``v`` [B, S, K, hd] (H = K·G), or [B, K, S, hd] with ``kv_heads_first`` (the
+    KV-cache layout: the score and value contractions then read the keys without a transpose),
+    ``allowed`` [B, T, S] bool.
     ``out[b,t,h] = Σ_s softmax_s(q·k_s / sqrt(hd) | allowed) v_s``; scores and softmax in float32.
     """
     b, t, h, hd = q.shape
-    kh = k.shape[2]
+    kh = k.shape[1] if kv_heads_first else k.shape[2]
+    kv = "bksd" if kv_heads_first else "bskd"
     qg = q.reshape(b, t, kh, h // kh, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
+    scores = jnp.einsum(f"btkgd,{kv}->bkgts", qg, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
     scores = jnp.where(allowed[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum(f"bkgts,{kv}->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
 
 

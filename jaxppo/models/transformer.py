@@ -25,11 +25,13 @@ from jaxppo.models.layers import (apply_rope, attention, attention_allowed, make
 
 
 class KVCache(NamedTuple):
-    """Keys/values of every layer, ``k``/``v`` [L, B, S, K, hd] in compute dtype, and ``valid`` [B, S]
-    (1 where a slot holds a real token). Slot order is sequence order (left-padded prompt first)."""
+    """Keys/values of every layer in compute dtype, heads before slots (attention reads them without a transpose),
+    and ``valid`` [B, S] (1 where a slot holds a real token). Slot order is sequence order (left-padded prompt
+    first). With ``lax.scan`` over layers ``k``/``v`` are stacked arrays [L, B, K, S, hd]; with unrolled
+    layers they are tuples of L arrays [B, K, S, hd] (one buffer per layer, updated in place, never sliced)."""
 
-    k: jax.Array
-    v: jax.Array
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
     valid: jax.Array
 
 
@@ -64,21 +66,30 @@ def layer_param_shapes(cfg: LMConfig) -> dict[str, tuple[tuple[int, ...], tuple[
 def _layer(cfg: LMConfig, p: dict, x, cos, sin, allowed, cache=None, index=None, layer=None):
     """One pre-norm block: ``x + attn(norm(x))`` then ``x + swiglu(norm(x))``.
 
-    With ``cache=(k_all, v_all)`` the new keys/values are written at slot ``index`` of layer ``layer``
-    and attention reads the whole cached layer; returns ``(x, cache)``.
+    With ``cache=(k_buf, v_buf)`` the new keys/values are written at slots ``index..`` and attention reads the
+    layer's whole buffer; the buffers are this layer's own [B, K, S, hd] when ``layer`` is None, else the
+    stacked [L, B, K, S, hd] arrays of which row ``layer`` is updated and read. Returns ``(x, cache)``.
     """
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q, k, v = qkv(h, p)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     if cache is not None:
-        k_all, v_all = cache
-        start = (layer, 0, index, 0, 0)
-        k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
-        v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
-        k, v = k_all[layer], v_all[layer]
-        cache = (k_all, v_all)
-    o = attention(q, k, v, allowed)
+        k_buf, v_buf = cache
+        k_new, v_new = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, hd]
+        if layer is None:
+            k_buf = jax.lax.dynamic_update_slice(k_buf, k_new.astype(k_buf.dtype), (0, 0, index, 0))
+            v_buf = jax.lax.dynamic_update_slice(v_buf, v_new.astype(v_buf.dtype), (0, 0, index, 0))
+            k, v = k_buf, v_buf
+        else:
+            start = (layer, 0, 0, index, 0)
+            k_buf = jax.lax.dynamic_update_slice(k_buf, k_new[None].astype(k_buf.dtype), start)
+            v_buf = jax.lax.dynamic_update_slice(v_buf, v_new[None].astype(v_buf.dtype), start)
+            k, v = k_buf[layer], v_buf[layer]
+        o = attention(q, k, v, allowed, kv_heads_first=True)
+        cache = (k_buf, v_buf)
+    else:
+        o = attention(q, k, v, allowed)
     x = x + out_proj(o, p)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
     x = x + swiglu(h, p)
@@ -86,7 +97,14 @@ def _layer(cfg: LMConfig, p: dict, x, cos, sin, allowed, cache=None, index=None,
 
 
 class DecoderLayers(nnx.Module):
-    """All decoder blocks, parameters stacked over a leading ``layers`` axis (see ``layer_param_shapes``)."""
+    """All decoder blocks, parameters stacked over a leading ``layers`` axis (see ``layer_param_shapes``).
+
+    Applied with ``lax.scan`` or unrolled (``LMConfig.unroll_layers``). Unrolled, each layer reads its own
+    slice of the stacked parameters (``layer_params``: ``jnp.split``, whose transpose in the backward is
+    one concatenation), and the activations each layer saves for the backward are separate buffers; the
+    scan instead writes them into stacked buffers (zero-filled, one dynamic-update-slice per layer) and
+    copies each layer's weights out of the stack at every iteration.
+    """
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -98,9 +116,22 @@ class DecoderLayers(nnx.Module):
     def param_dict(self, dtype) -> dict[str, jax.Array]:
         return {n: getattr(self, n)[...].astype(dtype) for n in layer_param_shapes(self.config)}
 
-    def __call__(self, x, cos, sin, allowed, cache: tuple | None = None, index=None):
+    def layer_params(self, dtype) -> list[dict[str, jax.Array]]:
+        """Per-layer parameter dicts (cast to ``dtype``), layer ``i`` = the stacked arrays' row ``i``."""
+        n = self.config.num_hidden_layers
+        rows = {k: [r[0] for r in jnp.split(a, n, axis=0)] for k, a in self.param_dict(dtype).items()}
+        return [{k: rows[k][i] for k in rows} for i in range(n)]
+
+    def __call__(self, x, cos, sin, allowed, cache: tuple | None = None, index=None,
+                 layer_params: list[dict] | None = None):
+        """``x`` [B, T, D] through every block; returns ``(x, cache)``.
+
+        ``cache=(k, v)`` as in ``KVCache`` (stacked when scanning, per-layer tuples when unrolled).
+        ``layer_params``: the result of ``self.layer_params(x.dtype)`` computed once by the caller (the decode
+        loop slices the weights once per generation, not once per token); unrolled layers only.
+        """
         cfg = self.config
-        p = self.param_dict(x.dtype)
+        n = cfg.num_hidden_layers
 
         def body(carry, xs):
             pl, li = xs
@@ -111,17 +142,24 @@ class DecoderLayers(nnx.Module):
             return (y,) + c, None
 
         if cfg.remat:
-            body = jax.checkpoint(body, prevent_cse=not cfg.scan_layers)
-        carry = x if cache is None else (x,) + tuple(cache)
-        n = cfg.num_hidden_layers
-        if cfg.scan_layers:
-            carry, _ = jax.lax.scan(body, carry, (p, jnp.arange(n)))
-        else:
-            for i in range(n):
-                carry, _ = body(carry, (jax.tree.map(lambda a, i=i: a[i], p), i))
+            body = jax.checkpoint(body, prevent_cse=not cfg.unroll_layers)
+        if not cfg.unroll_layers:
+            if layer_params is not None:
+                raise ValueError("DecoderLayers: layer_params is for unrolled layers (LMConfig.unroll_layers)")
+            carry = x if cache is None else (x,) + tuple(cache)
+            carry, _ = jax.lax.scan(body, carry, (self.param_dict(x.dtype), jnp.arange(n)))
+            return (carry, None) if cache is None else (carry[0], carry[1:])
+        per = self.layer_params(x.dtype) if layer_params is None else layer_params
+        if len(per) != n:
+            raise ValueError(f"DecoderLayers: got {len(per)} layer_params for {n} layers")
         if cache is None:
-            return carry, None
-        return carry[0], carry[1:]
+            for i in range(n):
+                x, _ = body(x, (per[i], i))
+            return x, None
+        ks, vs = list(cache[0]), list(cache[1])
+        for i in range(n):
+            (x, ks[i], vs[i]), _ = body((x, ks[i], vs[i]), (per[i], None))
+        return x, (tuple(ks), tuple(vs))
 
 
 class Transformer(nnx.Module):
@@ -156,18 +194,23 @@ class Transformer(nnx.Module):
         return rms_norm(x, self.norm[...], self.config.rms_norm_eps)
 
     def init_cache(self, batch: int, length: int) -> KVCache:
+        """An empty cache of ``length`` slots (layout in ``KVCache``: per-layer tuples when layers are unrolled)."""
         c = self.config
-        shape = (c.num_hidden_layers, batch, length, c.num_key_value_heads, c.head_dim)
-        return KVCache(jnp.zeros(shape, self.compute_dtype), jnp.zeros(shape, self.compute_dtype),
-                       jnp.zeros((batch, length), jnp.int32))
+        shape = (batch, c.num_key_value_heads, length, c.head_dim)
+        valid = jnp.zeros((batch, length), jnp.int32)
+        if c.unroll_layers:
+            zeros = lambda: tuple(jnp.zeros(shape, self.compute_dtype) for _ in range(c.num_hidden_layers))  # noqa
+            return KVCache(zeros(), zeros(), valid)
+        shape = (c.num_hidden_layers,) + shape
+        return KVCache(jnp.zeros(shape, self.compute_dtype), jnp.zeros(shape, self.compute_dtype), valid)
 
     def forward_cached(self, input_ids: jax.Array, positions: jax.Array, input_valid: jax.Array,
-                       cache: KVCache, index) -> tuple[jax.Array, KVCache]:
+                       cache: KVCache, index, layer_params: list | None = None) -> tuple[jax.Array, KVCache]:
         """Run ``input_ids`` [B, T] placed at cache slots ``index .. index+T-1``.
 
         ``positions`` [B, T] are their rotary positions, ``input_valid`` [B, T] marks real tokens.
         Attention sees every valid cached slot up to the query's own slot. Returns the final-normed
-        hidden states [B, T, D] and the updated cache.
+        hidden states [B, T, D] and the updated cache. ``layer_params``: see ``DecoderLayers.__call__``.
         """
         t = input_ids.shape[1]
         valid = jax.lax.dynamic_update_slice(cache.valid, input_valid.astype(cache.valid.dtype), (0, index))
@@ -175,7 +218,7 @@ class Transformer(nnx.Module):
         k_slots = jnp.arange(cache.valid.shape[1])
         allowed = attention_allowed(q_slots, k_slots, valid, self.config.sliding_window)
         cos, sin = rope_cos_sin(positions, jnp.asarray(self.config.inv_freq()))
-        x, (k, v) = self.layers(self._embed(input_ids), cos, sin, allowed, (cache.k, cache.v), index)
+        x, (k, v) = self.layers(self._embed(input_ids), cos, sin, allowed, (cache.k, cache.v), index, layer_params)
         return rms_norm(x, self.norm[...], self.config.rms_norm_eps), KVCache(k, v, valid)
 
 
@@ -234,9 +277,9 @@ class CausalLM(nnx.Module):
     def init_cache(self, batch: int, length: int) -> KVCache:
         return self.model.init_cache(batch, length)
 
-    def forward_cached(self, input_ids, positions, input_valid, cache: KVCache, index):
+    def forward_cached(self, input_ids, positions, input_valid, cache: KVCache, index, layer_params=None):
         """Logits [B, T, V] float32 of tokens placed at cache slots ``index..`` and the updated cache."""
-        h, cache = self.model.forward_cached(input_ids, positions, input_valid, cache, index)
+        h, cache = self.model.forward_cached(input_ids, positions, input_valid, cache, index, layer_params)
         return self.logits_from_hidden(h), cache
 
 

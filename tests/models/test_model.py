@@ -111,12 +111,14 @@ _jit_loss_and_grads = nnx.jit(_loss_and_grads)
 _jit_forward = nnx.jit(lambda m, ids, mask: m(ids, mask))
 
 
-@pytest.mark.parametrize("remat,scan", [(True, True), (False, False)])
+@pytest.mark.parametrize("remat,scan", [(True, True), (False, False), (True, False), (False, "auto")])
 def test_remat_and_unrolled_layers_give_same_loss_and_grads(remat, scan):
+    """Against the scanned, non-remat model (explicitly scan_layers=True: the tiny model's "auto" unrolls on CPU)."""
     ids, mask = left_padded_prompts(61, lengths=(6, 3), width=6, seed=2)
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)
-    ref_model = tiny_lm("qwen2", seed=4)
+    ref_model = tiny_lm("qwen2", seed=4, scan_layers=True)
     other = tiny_lm("qwen2", seed=4, remat=remat, scan_layers=scan)
+    assert not ref_model.config.unroll_layers and other.config.unroll_layers == (scan is not True)
     l0, g0 = _jit_loss_and_grads(ref_model, ids, mask)
     l1, g1 = _jit_loss_and_grads(other, ids, mask)
     np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
@@ -125,6 +127,58 @@ def test_remat_and_unrolled_layers_give_same_loss_and_grads(remat, scan):
     for a, b in zip(flat0, flat1):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
     assert max(float(jnp.max(jnp.abs(a))) for a in flat0) > 1e-3
+
+
+def test_unrolled_and_scanned_programs_really_differ():
+    """The switch is real: the scanned program has a while loop over layers, the unrolled one none."""
+    ids, mask = jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32)
+    texts = {}
+    for scan in (True, False):
+        model = tiny_lm("llama", scan_layers=scan)
+        gd, state = nnx.split(model)
+        f = jax.jit(lambda st, i, m, gd=gd: nnx.merge(gd, st)(i, m))
+        texts[scan] = f.lower(state, ids, mask).as_text()
+    assert "while" in texts[True] and "while" not in texts[False]
+
+
+def test_unroll_layers_rule(monkeypatch):
+    from jaxppo.models import config as config_mod
+
+    assert tiny_config("llama", scan_layers=True).unroll_layers is False
+    assert tiny_config("llama", scan_layers=False).unroll_layers is True
+    assert tiny_config("llama").scan_layers == "auto"
+    n = config_mod.AUTO_UNROLL_MAX_LAYERS
+    assert tiny_config("llama", num_hidden_layers=n).unroll_layers is True  # tests run on the CPU backend
+    assert tiny_config("llama", num_hidden_layers=n + 1).unroll_layers is False
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert tiny_config("llama", num_hidden_layers=2).unroll_layers is False
+
+
+def test_attention_kv_heads_first_layout_matches_numpy():
+    """attention() with keys/values [B, S, K, hd] and with [B, K, S, hd] (the cache layout) against a numpy
+    grouped-query softmax attention; jitted and un-jitted."""
+    from jaxppo.models.layers import attention
+
+    rng = np.random.default_rng(0)
+    b, t, s, h, kh, hd = 2, 3, 5, 4, 2, 8
+    q = rng.normal(size=(b, t, h, hd)).astype(np.float32)
+    k = rng.normal(size=(b, s, kh, hd)).astype(np.float32)
+    v = rng.normal(size=(b, s, kh, hd)).astype(np.float32)
+    allowed = rng.random((b, t, s)) < 0.7
+    allowed[..., 0] = True
+    ref = np.zeros((b, t, h, hd))
+    for bi in range(b):
+        for ti in range(t):
+            for hi in range(h):
+                kv = hi // (h // kh)
+                sc = k[bi, :, kv].astype(np.float64) @ q[bi, ti, hi] / np.sqrt(hd)
+                sc = np.where(allowed[bi, ti], sc, -np.inf)
+                w = np.exp(sc - sc.max())
+                ref[bi, ti, hi] = (w / w.sum()) @ v[bi, :, kv]
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    for fn in (attention, jax.jit(attention, static_argnames="kv_heads_first")):
+        np.testing.assert_allclose(np.asarray(fn(q, k, v, allowed)), ref, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(fn(q, kt, vt, allowed, kv_heads_first=True)), ref, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- logical axes
@@ -224,6 +278,8 @@ def test_config_round_trips_through_hf_dict():
     (dict(rope_scaling=dict(rope_type="llama3", factor=2.0)), "needs field 'low_freq_factor'"),
     (dict(hidden_size=0), "hidden_size must be a positive integer"),
     (dict(compute_dtype="int8"), "compute_dtype='int8'"),
+    (dict(scan_layers="yes"), "scan_layers must be true, false or 'auto', got 'yes'"),
+    (dict(scan_layers=1), "scan_layers must be true, false or 'auto', got 1"),
 ])
 def test_bad_config_is_named(kw, match):
     with pytest.raises(ValueError, match=match):
