@@ -331,15 +331,6 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
     return finish_dpo(run, state, out, timing)
 
 
-def _eos_ids(run: DPORun):
-    """The model's EOS id(s) for generation (config first, else the tokenizer's)."""
-    ids = tuple(getattr(run.reference().config, "eos_token_ids", ()) or ())
-    tok_eos = getattr(run.tokenizer, "eos_token_id", None)
-    if not ids and isinstance(tok_eos, int):
-        ids = (tok_eos,)
-    return None if not ids else (ids[0] if len(ids) == 1 else ids)
-
-
 def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any]) -> None:
     """The PPO trainer's final before/after evaluation on the held-out prompts (module doc): the shared
     ``jaxppo.trainer.evaluation`` path (``heldout_eval``, ``final_summary``, ``write_eval_samples``)."""
