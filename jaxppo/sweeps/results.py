@@ -5,7 +5,8 @@ Curves. For a finished run with batch size ``B`` (trajectories per update step):
 
 - step 0: ``eval/reward_before`` of ``summary.json`` (the reference policy's held-out reward, evaluated
   with the same prompts and sampling key as every later point), KL 0;
-- every row of ``metrics.jsonl`` with ``eval/reward_mean``: reward ``eval/reward_mean``, KL ``eval/kl``;
+- every row of ``metrics.jsonl`` with ``eval/reward_mean`` after step 0 (the trainer's step-0 row is that same
+  reference evaluation): reward ``eval/reward_mean``, KL ``eval/kl``;
 - ``samples = step x B``; ``tokens`` = response tokens consumed, ``sum_{s <= step} B x
   response_length/mean_s`` when every step logs ``response_length/mean``, else ``samples x
   (data.max_prompt_length + data.max_response_length)`` (padded); ``wall_time_s`` = the sum of
@@ -174,7 +175,8 @@ def read_run(run_dir: Path, variant: str, seed: int, batch_size: int, tokens_per
         return RunCurve(variant, seed, "failed", f"{summ} has no eval/reward_before (no held-out prompts?)")
     c = RunCurve(variant, seed, "ok", steps=[0], samples=[0], tokens=[0.0],
                  reward=[float(summary["eval/reward_before"])], kl=[0.0], wall=[0.0])
-    rows = sorted(_read_jsonl(run_dir / "metrics.jsonl"), key=lambda r: r["step"])
+    # step 0 (the trainer's evaluation of the reference before any update) is the summary's eval/reward_before
+    rows = sorted((r for r in _read_jsonl(run_dir / "metrics.jsonl") if r["step"] > 0), key=lambda r: r["step"])
     resp_logged = bool(rows) and all("response_length/mean" in r for r in rows)
     tok = wall = 0.0
     for r in rows:

@@ -153,6 +153,12 @@ def test_read_run_hand_case(tmp_path):
                                                              [0.0, 0.01, 0.03])
     assert c.tokens == [0.0, 8 * (11 + 12), 8 * (11 + 12 + 13 + 14)]  # response tokens consumed
     assert c.wall == [0.0, 1.0, 2.0]
+    # the trainer also logs the reference's evaluation at step 0 (= eval/reward_before): not a second point
+    text = (tmp_path / "a" / "metrics.jsonl").read_text()
+    (tmp_path / "a" / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/reward_mean": 0.2, "eval/kl": 0.0})
+                                                  + "\n" + text)
+    c0 = R.read_run(tmp_path / "a", "v", 7, batch_size=8, tokens_per_sample=40)
+    assert (c0.steps, c0.reward, c0.tokens, c0.wall) == (c.steps, c.reward, c.tokens, c.wall)
     _fake_run(tmp_path / "b", 0.2, {2: (0.3, 0.01)}, 2, resp_len=None)
     assert R.read_run(tmp_path / "b", "v", 0, 8, 40).tokens == [0.0, 16 * 40]  # padded fallback
     miss = R.read_run(tmp_path / "c", "v", 0, 8, 40)
