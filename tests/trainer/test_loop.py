@@ -121,6 +121,7 @@ def test_guard_actions_are_applied_and_logged(make_cfg, tmp_path):
     cfg = make_cfg("guards.kl_threshold=1e-9", out=tmp_path / "kl")
     assert cfg.guards.kl_lr is None and cfg.guards.kl_lr_factor == 0.1
     run = build_run(cfg, devices=jax.devices()[:1])
+    initial = run.state
     _, final_state = fit(cfg, run=run)
     rows = _rows(tmp_path / "kl" / "metrics.jsonl")
     cuts = [e for e in _rows(tmp_path / "kl" / "events.jsonl") if e["kind"] == "lower_lr"]
@@ -128,7 +129,7 @@ def test_guard_actions_are_applied_and_logged(make_cfg, tmp_path):
     assert cuts and all(e["factor"] == 0.1 and e["kl"] > 1e-9 for e in cuts)
     assert cuts[0]["step"] < 20
     assert float(final_state.lr_scale) == pytest.approx(0.1 ** len(cuts), rel=1e-5) and float(final_state.lr_scale) < 1
-    assert float(run.state.lr_scale) == 1.0   # the Run is never written: its state is the initial one
+    assert run.state is initial   # the Run is never written (its buffers were donated to the first step)
     for r in rows:
         if r["step"] > 2:   # after the warmup: the configured 5e-4 times 0.1 per cut made before this step
             n = sum(e["step"] < r["step"] for e in cuts)
@@ -147,3 +148,56 @@ def test_guard_actions_are_applied_and_logged(make_cfg, tmp_path):
     passed = [0] + [s for s in (5, 10, 15, 20) if s not in {e["step"] for e in rollbacks}]
     assert [e["step"] for e in restored] == [e["step"] for e in rollbacks]
     assert all(e["verified"] and e["checkpoint_step"] == max(p for p in passed if p < e["step"]) for e in restored)
+
+
+def test_log_every_step0_eval_consumption_and_wandb(make_cfg, tmp_path, monkeypatch):
+    """trainer.log_every=3 writes steps 3, 6 and the last, plus every evaluation step; with trainer.eval_every the
+    reference is evaluated at step 0 (eval/kl = 0, its reward = the summary's reward_before) with a bootstrap
+    interval over prompts; train/samples_consumed|tokens_consumed are cumulative; trainer.logger=[wandb] writes
+    an offline W&B run under the output folder."""
+    pytest.importorskip("wandb")
+    from jaxppo.trainer.evaluation import bootstrap_mean_ci, prompt_means
+    from jaxppo.trainer.loop import fit
+    from jaxppo.trainer.setup import build_run
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = make_cfg("trainer.log_every=3", "trainer.total_steps=7", "trainer.eval_every=5", "trainer.eval_prompts=6",
+                   "trainer.eval_samples=2", "trainer.save_every=100", "trainer.logger=[console,wandb]")
+    seen = []
+    import jaxppo.trainer.evaluation as evaluation
+
+    real_call = evaluation.HeldoutEval.__call__
+
+    def spy(self, model, reference):   # keep each evaluation's raw rewards for an independent CI check
+        r = real_call(self, model, reference)
+        seen.append(np.asarray(r["rewards"], np.float64))
+        return r
+
+    monkeypatch.setattr(evaluation.HeldoutEval, "__call__", spy)
+    summary, state = fit(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
+    out = tmp_path / "run"
+    rows = _rows(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 3, 5, 6, 7]
+    ev_keys = {"eval/reward_mean", "eval/reward_ci_lo", "eval/reward_ci_hi", "eval/kl", "eval/response_length"}
+    assert set(rows[0]) == {"step"} | ev_keys                      # step 0: the reference only, before any update
+    assert rows[0]["eval/kl"] == 0.0
+    assert ev_keys <= set(rows[2]) and rows[2]["eval/kl"] > 0
+    # evaluations: step 0 (reference, reused as "before"), step 5, the final "after"
+    assert len(seen) == 3
+    for row, rewards in ((rows[0], seen[0]), (rows[2], seen[1])):
+        per_prompt = rewards.reshape(-1, 2).mean(axis=1)          # 2 samples per prompt, consecutive
+        assert per_prompt.size == 6
+        assert row["eval/reward_mean"] == pytest.approx(per_prompt.mean(), abs=1e-12)
+        lo, hi = bootstrap_mean_ci(prompt_means(rewards, 2), seed=cfg.trainer.seed)
+        assert (row["eval/reward_ci_lo"], row["eval/reward_ci_hi"]) == (lo, hi)
+        assert lo <= row["eval/reward_mean"] <= hi
+    assert summary["eval/reward_before"] == pytest.approx(rows[0]["eval/reward_mean"], abs=1e-12)
+    for r in rows[1:]:
+        assert r["train/samples_consumed"] == r["step"] * cfg.actor.ppo_mini_batch_size
+    tokens = [r["train/tokens_consumed"] for r in rows[1:]]
+    assert all(b > a for a, b in zip(tokens, tokens[1:])) and tokens[0] > 0
+    assert summary["train/samples_consumed"] == 7 * 16 and summary["train/tokens_consumed"] == tokens[-1]
+    # tokens: Σ over steps of response_length/mean x minibatch; at most 16 response tokens a row
+    assert tokens[-1] <= 7 * 16 * 16
+    assert list((out / "wandb").glob("offline-run-*")), sorted(p.name for p in (out / "wandb").iterdir())
+    assert int(state.step) == 7
