@@ -7,8 +7,7 @@ the checkpoint of step ``k`` logs exactly the metrics of an uninterrupted run fo
 
 The loop threads only the ``TrainState``: the ``Run`` (graph defs, jitted functions, data) is read, never written.
 Host side after each step: guards (the device NaN streak ``state.nan_streak`` → rollback, held-out perplexity every
-``guards.ppl_every``
-steps → rollback, KL → actor LR cut, and a mode-collapse warning when the mean length of the policy's own
+``guards.ppl_every`` steps → rollback, KL → actor LR cut, and a mode-collapse warning when the mean length of the policy's own
 generations — ``eval/response_length`` from the held-out evaluation at ``trainer.eval_every``,
 ``probe/response_length`` from a greedy probe at ``guards.length_probe_every`` — exceeds
 ``guards.length_factor`` × its running mean), metrics through ``MetricsLogger``, checkpoints every
