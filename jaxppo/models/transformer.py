@@ -18,10 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.models.config import LMConfig
 from jaxppo.models.layers import (apply_rope, attention, attention_allowed, make_param, out_proj, positions_from_mask,
                                   qkv, rms_norm, rope_cos_sin, swiglu)
+from jaxppo.models.sharding import constrain_batch, mesh_of, vocab_parallel_axes
 
 
 class KVCache(NamedTuple):
@@ -114,7 +116,8 @@ class DecoderLayers(nnx.Module):
             setattr(self, name, make_param(key, shape, axes, pd, init, config.initializer_range))
 
     def param_dict(self, dtype) -> dict[str, jax.Array]:
-        return {n: getattr(self, n)[...].astype(dtype) for n in layer_param_shapes(self.config)}
+        return {n: getattr(self, n)[...] if dtype is None else getattr(self, n)[...].astype(dtype)
+                for n in layer_param_shapes(self.config)}
 
     def layer_params(self, dtype) -> list[dict[str, jax.Array]]:
         """Per-layer parameter dicts (cast to ``dtype``), layer ``i`` = the stacked arrays' row ``i``."""
@@ -132,14 +135,17 @@ class DecoderLayers(nnx.Module):
         """
         cfg = self.config
         n = cfg.num_hidden_layers
+        mesh = mesh_of(self.q[...])  # activations stay batch-split: each layer gathers its FSDP weight shards
+        x = constrain_batch(x, mesh)
 
         def body(carry, xs):
             pl, li = xs
+            pl = {k: a.astype(x.dtype) for k, a in pl.items()}  # one layer cast at a time (no-op when unrolled)
             if cache is None:
                 y, _ = _layer(cfg, pl, carry, cos, sin, allowed)
-                return y, None
+                return constrain_batch(y, mesh), None
             y, c = _layer(cfg, pl, carry[0], cos, sin, allowed, carry[1:], index, li)
-            return (y,) + c, None
+            return (constrain_batch(y, mesh),) + c, None
 
         if cfg.remat:
             body = jax.checkpoint(body, prevent_cse=not cfg.unroll_layers)
@@ -147,7 +153,7 @@ class DecoderLayers(nnx.Module):
             if layer_params is not None:
                 raise ValueError("DecoderLayers: layer_params is for unrolled layers (LMConfig.unroll_layers)")
             carry = x if cache is None else (x,) + tuple(cache)
-            carry, _ = jax.lax.scan(body, carry, (self.param_dict(x.dtype), jnp.arange(n)))
+            carry, _ = jax.lax.scan(body, carry, (self.param_dict(None), jnp.arange(n)))
             return (carry, None) if cache is None else (carry[0], carry[1:])
         per = self.layer_params(x.dtype) if layer_params is None else layer_params
         if len(per) != n:
@@ -241,15 +247,31 @@ class CausalLM(nnx.Module):
                                       jnp.dtype(config.param_dtype), "normal", config.initializer_range)
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
-        """``h @ W_out`` in float32 (``W_out = embedding.T`` when tied)."""
+        """``h @ W_out`` in float32 (``W_out = embedding.T`` when tied).
+
+        On a mesh the product is vocab-parallel (``sharding.vocab_parallel_axes``): the rows ``h`` [N, D] are
+        gathered within each data group, ``W_out`` is split by vocab columns, each device computes its
+        ``[N, V / n]`` slice, and the logits are returned batch-split (rows over the batch axes, whole vocab).
+        """
         lead, d = h.shape[:-1], h.shape[-1]
-        h2 = h.reshape(-1, d)
-        if self.lm_head is None:  # contract with the embedding's last dim: [N, D] x [V, D] -> [N, V]
-            w = self.model.embed[...].astype(h.dtype)
-            out = jax.lax.dot_general(h2, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        tied = self.lm_head is None
+        w = self.model.embed[...] if tied else self.lm_head[...]
+        mesh = mesh_of(w)
+        h2 = constrain_batch(h, mesh).reshape(-1, d)
+        vp = vocab_parallel_axes(mesh, h2.shape[0], w.shape[0] if tied else w.shape[1])
+        if vp is not None:
+            row, vocab = vp
+            h2 = jax.lax.with_sharding_constraint(h2, NamedSharding(mesh, PartitionSpec(row, None)))
+            w = jax.lax.with_sharding_constraint(
+                w, NamedSharding(mesh, PartitionSpec(vocab, None) if tied else PartitionSpec(None, vocab)))
+        if tied:  # contract with the embedding's last dim: [N, D] x [V, D] -> [N, V]
+            out = jax.lax.dot_general(h2, w.astype(h.dtype), (((1,), (1,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
         else:
-            out = jnp.dot(h2, self.lm_head[...].astype(h.dtype), preferred_element_type=jnp.float32)
-        return out.reshape(*lead, -1)
+            out = jnp.dot(h2, w.astype(h.dtype), preferred_element_type=jnp.float32)
+        if vp is not None:
+            out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, PartitionSpec(vp[0], vp[1])))
+        return constrain_batch(out.reshape(*lead, -1), mesh)
 
     def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         return self.model(input_ids, attention_mask)
