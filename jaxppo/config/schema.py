@@ -220,7 +220,7 @@ class DataConfig:
     truncation: Literal["error", "left", "right", "skip"] = "left"
     eval_fraction: float = field(0.1, ge=0.0, lt=1.0)
     max_rows: int | None = field(None, ge=1)
-    cache_dir: str | None = None  # behaviour log-prob cache (default: a jaxppo_cache folder beside data.path)
+    cache_dir: str | None = None  # behaviour/reference log-prob cache (default: $JAXPPO_CACHE_DIR or ~/.cache/jaxppo)
     seed: int = 0
     # preference rows: "explicit" prompt/chosen/rejected, "hh" HH-RLHF dialogues, "auto" = explicit if a prompt column
     preference_format: Literal["auto", "explicit", "hh"] = "auto"
