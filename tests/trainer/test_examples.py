@@ -175,18 +175,3 @@ def test_multihost_environment_switch(monkeypatch):
     with pytest.raises(SystemExit) as e:  # --help reaches the trainer's argument parser without initialising
         mh.main(["--help"])
     assert e.value.code == 0
-
-
-def test_ablation_notebook_is_valid_and_its_overrides_load():
-    import ast
-    import json
-
-    nb = json.loads((REPO / "notebooks/ablations.ipynb").read_text())
-    assert nb["nbformat"] == 4
-    sources = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    trees = [ast.parse(s) for s in sources]  # every code cell is valid Python
-    variants = [ast.literal_eval(node.value) for t in trees for node in ast.walk(t)
-                if isinstance(node, ast.Assign) and any(getattr(x, "id", None) == "VARIANTS" for x in node.targets)]
-    assert len(variants) == 1 and len(variants[0]) >= 4
-    for name, overrides in variants[0].items():
-        load_config(REPO / "configs/smoke.yaml", overrides)  # strict: an unknown key or bad value raises
