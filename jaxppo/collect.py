@@ -1,19 +1,7 @@
 """``python -m jaxppo.collect --config FILE trainer.output_dir=DIR [dotted.key=value ...]``
 
-Builds an offline dataset: ``rollout.n`` responses per prompt of the prompt file ``rollout.prompts``
-are sampled from the behaviour model ``model.path`` with the KV-cache generator
-(``rollout.temperature`` / ``top_k`` / ``top_p`` / ``max_new_tokens``), their token log-probs under
-the sampling distribution are recorded, and each response is scored by ``reward.kind`` (a reward
-function or a trained reward model). Writes
-
-- ``DIR/data.parquet`` (or ``data.jsonl`` with ``rollout.output_format=jsonl``): columns ``prompt``,
-  ``response``, ``prompt_ids`` (the model input: chat template applied when ``rollout.chat_template``,
-  truncated to ``data.max_prompt_length``), ``response_ids`` (up to and including EOS), ``behaviour_logprobs``
-  (one per response token), ``score``, ``group_id`` (the prompt's number), ``sample`` (0..n-1),
-  ``finished`` (ended with EOS); it loads back with ``data.schema=scored``;
-- ``DIR/metadata.json``: model, sampling parameters, seed, reward, counts and timings.
-
-Prompts longer than ``data.max_prompt_length`` tokens are truncated by ``data.truncation``. The work is done by
+Builds an offline dataset (``DIR/data.parquet`` or ``data.jsonl``, and ``DIR/metadata.json``): what is
+sampled, scored and written is documented in :mod:`jaxppo.data.collection`. The work is done by
 :func:`jaxppo.data.collection.collect`; this module only parses the command line and reports.
 """
 

@@ -28,7 +28,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 CONSOLE, TENSORBOARD = "console", "tensorboard"
 TRACKERS = ("wandb", "mlflow", "trackio")
@@ -72,19 +72,17 @@ def _flat(config: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class Tracker:
-    """What ``MetricsLogger`` calls: ``log(step, metrics)``, ``event(step, kind, message, data)``, ``close()``."""
+class Tracker(Protocol):
+    """What ``MetricsLogger`` calls: ``log(step, metrics)``, ``event(step, kind, message, data)``, ``close()``.
+    The adapters below implement it; any object with these three methods is a tracker."""
 
-    name = "tracker"
+    name: str
 
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        raise NotImplementedError
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
 
-    def event(self, step: int, kind: str, message: str, data: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+    def event(self, step: int, kind: str, message: str, data: Mapping[str, Any]) -> None: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    def close(self) -> None: ...
 
 
 class WandbTracker(Tracker):
