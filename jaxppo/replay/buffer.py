@@ -19,7 +19,7 @@ Formulas (``N`` = number of valid items, i.e. filled slots with stored priority 
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,7 @@ from jaxppo.parallel.mesh import batch_divisor
 from jaxppo.replay import staleness
 from jaxppo.replay import tree as tree_lib
 from jaxppo.replay.sampling import stratified_descent
-from jaxppo.replay.state import (ReplayState, Sample, constrain, is_concrete, leading_sharding,
+from jaxppo.replay.state import (ReplayState, Sample, constrain, is_concrete, leading_sharding, leaf_name,
                                  replicated_sharding, stored_priority)
 
 
@@ -76,11 +76,11 @@ _record = jax.jit(staleness.record_counts)
 
 
 @jax.jit
-def _add_core(state: ReplayState, new_storage: dict, stored: jax.Array) -> ReplayState:
+def _add_core(state: ReplayState, new_storage: Any, stored: jax.Array) -> ReplayState:
     b = stored.shape[0]
     pos = (state.insert_pos + jnp.arange(b, dtype=jnp.int32)) % state.capacity
-    storage = {k: constrain(state.storage[k].at[pos].set(v), leading_sharding(state.mesh, v.ndim))
-               for k, v in new_storage.items()}
+    storage = jax.tree.map(lambda buf, v: constrain(buf.at[pos].set(v), leading_sharding(state.mesh, v.ndim)),
+                           state.storage, new_storage)
     shard = leading_sharding(state.mesh, 1)
     base = constrain(state.base_priorities.at[pos].set(stored), shard)
     counts = constrain(state.sample_count.at[pos].set(0), shard)
@@ -161,35 +161,52 @@ def record_sample(state: ReplayState, indices: jax.Array, td_abs: jax.Array | No
     return _record(state, jnp.asarray(indices), base)
 
 
-def add(state: ReplayState, items: Mapping[str, Any], priorities: jax.Array | None = None) -> ReplayState:
+def _check_structure(storage: Any, items: Any) -> tuple[list, list]:
+    """``(item leaves, buffer leaves)`` as ``[(path, leaf)]``; ``ValueError`` naming the differing paths when the
+    two pytrees differ in structure."""
+    got = jax.tree_util.tree_flatten_with_path(items)[0]
+    want = jax.tree_util.tree_flatten_with_path(storage)[0]
+    if jax.tree.structure(items) == jax.tree.structure(storage):
+        return got, want
+    have, need = [leaf_name(p) for p, _ in got], [leaf_name(p) for p, _ in want]
+    missing = [n for n in need if n not in set(have)]
+    extra = [n for n in have if n not in set(need)]
+    if missing or extra:
+        raise ValueError(f"replay add: the items' structure differs from the buffer's; missing {sorted(missing)}, "
+                         f"unexpected {sorted(extra)} (buffer leaves: {need})")
+    raise ValueError("replay add: the items' structure differs from the buffer's (same leaf paths, other "
+                     f"containers): got {jax.tree.structure(items)}, the buffer stores "
+                     f"{jax.tree.structure(storage)}")
+
+
+def add(state: ReplayState, items: Any, priorities: jax.Array | None = None) -> ReplayState:
     """Write a batch of items into the ring buffer at ``insert_pos`` (wrapping around).
 
-    ``items``: dict with the same keys as the buffer, each ``[b, ...]`` with ``b <= capacity``.
-    ``priorities``: optional ``|δ|`` per item (stored as in :func:`update_priorities`); by default every
-    new item gets the running maximum priority. Overwritten slots get the new item's priority.
+    ``items``: a pytree with the buffer's structure (``init``'s ``example_item``: same containers, keys and
+    fields), each leaf ``[b, ...]`` with the stored per-item shape and ``b <= capacity``; leaves are cast to
+    the stored dtypes (``same_kind`` casts only). A structure mismatch is a ``ValueError`` naming the missing
+    and unexpected leaf paths. ``priorities``: optional ``|δ|`` per item (stored as in
+    :func:`update_priorities`); by default every new item gets the running maximum priority. Overwritten slots
+    get the new item's priority.
     """
-    if not isinstance(items, Mapping):
-        raise ValueError(f"replay add: items must be a dict of arrays, got {type(items).__name__}")
-    missing, extra = set(state.storage) - set(items), set(items) - set(state.storage)
-    if missing or extra:
-        raise ValueError(f"replay add: item keys differ from the buffer's; missing {sorted(missing)}, "
-                         f"unexpected {sorted(extra)}")
-    sizes = {k: (np.shape(v)[0] if np.ndim(v) else None) for k, v in items.items()}
+    got, want = _check_structure(state.storage, items)
+    sizes = {leaf_name(p): (np.shape(v)[0] if np.ndim(v) else None) for p, v in got}
     b_set = set(sizes.values())
     if len(b_set) != 1 or None in b_set:
         raise ValueError(f"replay add: all items need the same leading batch size, got {sizes}")
     b = b_set.pop()
     if b < 1 or b > state.capacity:
         raise ValueError(f"replay add: batch of {b} items; must be 1..capacity ({state.capacity})")
-    new_storage = {}
-    for key, buf in state.storage.items():
-        x = jnp.asarray(items[key])
+    new_leaves = []
+    for (path, v), (_, buf) in zip(got, want):
+        x, key = jnp.asarray(v), leaf_name(path)
         if x.shape[1:] != buf.shape[1:]:
             raise ValueError(f"replay add: item {key!r} has per-item shape {x.shape[1:]}, "
                              f"the buffer stores {buf.shape[1:]}")
         if not jnp.can_cast(x.dtype, buf.dtype, casting="same_kind"):
             raise ValueError(f"replay add: item {key!r} has dtype {x.dtype}, cannot store it as {buf.dtype}")
-        new_storage[key] = x.astype(buf.dtype)
+        new_leaves.append(x.astype(buf.dtype))
+    new_storage = jax.tree.unflatten(jax.tree.structure(state.storage), new_leaves)
 
     if priorities is None:
         stored = jnp.broadcast_to(state.max_priority, (b,))
@@ -261,5 +278,5 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
     else:
         def shard(x):
             return constrain(x, rep)
-    items = {k: shard(v[indices]) for k, v in state.storage.items()}
+    items = jax.tree.map(lambda v: shard(v[indices]), state.storage)
     return Sample(indices=shard(indices), items=items, probs=shard(probs), weights=shard(weights))

@@ -2,7 +2,9 @@
 
 What is stored
 --------------
-``storage``        dict of arrays, each ``[capacity, ...]`` (one row per trajectory).
+``storage``        any pytree of arrays (dict, tuple, ``flax.struct`` dataclass, nested), each leaf
+                   ``[capacity, ...]`` (one row per trajectory): the structure of ``init``'s ``example_item``
+                   with a leading slot axis; every operation maps over its leaves (``jax.tree.map``).
 ``priorities``     float32 ``[layout.sizes[0]]`` (padded past ``capacity`` with zeros): the leaves of the
                    sum tree, i.e. what sampling uses: the stored priority of item ``i`` times its staleness
                    decay factor (``staleness.py``; the factor is 1 with ``decay="none"``). The *stored
@@ -43,7 +45,7 @@ the tree ``layout`` and the optional ``mesh``. With a mesh, ``storage`` and the 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +64,7 @@ DECAYS = ("none", "sampled", "age")
 class ReplayState:
     """Prioritized replay buffer state (see the module docstring for what each field holds)."""
 
-    storage: dict[str, jax.Array]
+    storage: Any                   # pytree of [capacity, ...] arrays (module docstring)
     priorities: jax.Array
     tree: jax.Array
     max_priority: jax.Array
@@ -87,13 +89,13 @@ class ReplayState:
 class Sample:
     """One sampled minibatch.
 
-    ``indices`` int32 ``[B]`` buffer slots; ``items`` the stored rows ``[B, ...]``; ``probs`` float32 ``[B]``
-    the exact sampling probability ``P(i)`` of each slot; ``weights`` float32 ``[B]`` the PER importance
-    weights ``w_i = (N·P(i))^(-β) / max_j w_j``.
+    ``indices`` int32 ``[B]`` buffer slots; ``items`` the stored rows (the storage pytree, every leaf
+    ``[B, ...]``); ``probs`` float32 ``[B]`` the exact sampling probability ``P(i)`` of each slot; ``weights``
+    float32 ``[B]`` the PER importance weights ``w_i = (N·P(i))^(-β) / max_j w_j``.
     """
 
     indices: jax.Array
-    items: dict[str, jax.Array]
+    items: Any
     probs: jax.Array
     weights: jax.Array
 
@@ -133,13 +135,42 @@ def _check_scalar(name: str, value: Any, *, low: float, strict: bool = False) ->
     return v
 
 
-def init(capacity: int, example_item: Mapping[str, Any], *, alpha: float = 0.6, eps: float = 1e-6,
+def leaf_name(path: tuple) -> str:
+    """A pytree path as ``a.b.0`` (dict keys, attribute names and sequence indices joined by dots)."""
+    return jax.tree_util.keystr(tuple(path), simple=True, separator=".") or "<root>"
+
+
+def example_leaves(example_item: Any) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    """``[(path, per-item shape, dtype)]`` of every leaf of ``example_item`` (arrays, ``ShapeDtypeStruct``,
+    Python/NumPy scalars); ``ValueError`` for an empty pytree or a leaf that is not an array."""
+    flat = jax.tree_util.tree_flatten_with_path(example_item)[0]
+    if not flat:
+        raise ValueError("replay example_item must be a non-empty pytree of arrays (one item, no batch axis), "
+                         f"got {example_item!r:.200} with no array leaves")
+    out = []
+    for path, leaf in flat:
+        name = leaf_name(path)
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            if not isinstance(leaf, (bool, int, float, np.generic)):
+                raise ValueError(f"replay example_item leaf {name!r} must be an array or jax.ShapeDtypeStruct "
+                                 f"(something with a shape and dtype), got {type(leaf).__name__}")
+            leaf = np.asarray(leaf)
+        dtype = jnp.dtype(leaf.dtype)
+        if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+            raise ValueError(f"replay example_item leaf {name!r} has dtype {dtype}, which JAX cannot store")
+        out.append((name, tuple(leaf.shape), dtype))
+    return out
+
+
+def init(capacity: int, example_item: Any, *, alpha: float = 0.6, eps: float = 1e-6,
          prioritization: str = "proportional", mesh: Mesh | None = None,
          leaf_fanout: int | None = None, decay: str = "none", decay_rate: float = 1.0) -> ReplayState:
     """An empty buffer of ``capacity`` items shaped like ``example_item``.
 
-    ``example_item``: dict of arrays (or ``jax.ShapeDtypeStruct``) for ONE item, without a batch axis,
-    e.g. ``{"response_ids": jnp.zeros((R,), jnp.int32), "score": jnp.zeros((), jnp.float32)}``.
+    ``example_item``: any pytree (dict, tuple, ``flax.struct`` dataclass, nested; ``None`` nodes hold nothing)
+    whose leaves are arrays (or ``jax.ShapeDtypeStruct``) for ONE item, without a batch axis, e.g.
+    ``{"response_ids": jnp.zeros((R,), jnp.int32), "score": jnp.zeros((), jnp.float32)}``; ``storage`` gets
+    the same structure with a leading ``[capacity]`` axis on every leaf.
     ``alpha`` (≥ 0) the priority exponent, ``eps`` (≥ 0) added to ``|δ|``, ``prioritization``
     ``"proportional"`` or ``"rank"``. ``decay`` (``"none"``, ``"sampled"``, ``"age"``) and ``decay_rate``
     (in ``(0, 1]``) the staleness decay of ``staleness.py``. With ``mesh`` (``jaxppo.parallel.make_mesh``)
@@ -161,9 +192,7 @@ def init(capacity: int, example_item: Mapping[str, Any], *, alpha: float = 0.6, 
     decay_rate = _check_scalar("decay.rate", decay_rate, low=0.0, strict=True)
     if decay_rate > 1.0:
         raise ValueError(f"replay.decay.rate must be in (0, 1], got {decay_rate!r}")
-    if not isinstance(example_item, Mapping) or not example_item:
-        raise ValueError("replay example_item must be a non-empty dict of arrays (one item, no batch axis), "
-                         f"got {type(example_item).__name__}")
+    example_leaves(example_item)     # validates: non-empty, array leaves
     if leaf_fanout is not None and (isinstance(leaf_fanout, bool) or not isinstance(leaf_fanout, (int, np.integer))
                                     or not 1 <= leaf_fanout <= 1024 or leaf_fanout & (leaf_fanout - 1)):
         raise ValueError(f"replay leaf_fanout must be a power of two in [1, 1024], got {leaf_fanout!r}")
@@ -174,15 +203,13 @@ def init(capacity: int, example_item: Mapping[str, Any], *, alpha: float = 0.6, 
                          f"(data x fsdp = {shards}) to shard the storage")
     layout = auto_layout(capacity, shards, None if leaf_fanout is None else int(leaf_fanout))
 
-    storage = {}
-    for key, leaf in example_item.items():
-        if not isinstance(key, str):
-            raise ValueError(f"replay example_item keys must be strings, got {key!r}")
-        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-            leaf = np.asarray(leaf)
-        shape, dtype = tuple(leaf.shape), jnp.dtype(leaf.dtype)
-        storage[key] = jax.device_put(jnp.zeros((capacity, *shape), dtype),
-                                      leading_sharding(mesh, 1 + len(shape)))
+    def slots(leaf):
+        leaf = leaf if hasattr(leaf, "shape") and hasattr(leaf, "dtype") else np.asarray(leaf)
+        shape = tuple(leaf.shape)
+        return jax.device_put(jnp.zeros((capacity, *shape), jnp.dtype(leaf.dtype)),
+                              leading_sharding(mesh, 1 + len(shape)))
+
+    storage = jax.tree.map(slots, example_item)
     per_slot = leading_sharding(mesh, 1)
     priorities = jax.device_put(jnp.zeros((layout.sizes[0],), jnp.float32), per_slot)
     rep = replicated_sharding(mesh)

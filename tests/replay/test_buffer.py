@@ -159,10 +159,14 @@ def test_bad_capacity(capacity, match):
 
 
 def test_bad_init_arguments():
-    with pytest.raises(ValueError, match="example_item"):
-        replay.init(8, jnp.zeros(3))
-    with pytest.raises(ValueError, match="example_item"):
+    with pytest.raises(ValueError, match="example_item must be a non-empty pytree"):
         replay.init(8, {})
+    with pytest.raises(ValueError, match="example_item must be a non-empty pytree"):
+        replay.init(8, ({"a": None}, ()))
+    with pytest.raises(ValueError, match="leaf 'meta.name' must be an array"):
+        replay.init(8, {"x": jnp.zeros(3), "meta": {"name": "text"}})
+    with pytest.raises(ValueError, match="leaf '0' has dtype object"):
+        replay.init(8, (np.array([None, 1], dtype=object),))
     with pytest.raises(ValueError, match="alpha"):
         replay.init(8, EXAMPLE, alpha=-1.0)
     with pytest.raises(ValueError, match="eps"):
@@ -190,7 +194,7 @@ def test_bad_items():
         replay.add(st, items(np.arange(9)))
     with pytest.raises(ValueError, match="priorities"):
         replay.add(st, good, jnp.array([1.0, jnp.nan]))
-    with pytest.raises(ValueError, match="dict of arrays"):
+    with pytest.raises(ValueError, match="structure differs"):
         replay.add(st, [good])
 
 
