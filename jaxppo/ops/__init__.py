@@ -5,7 +5,9 @@ docstrings give the formulas. Modules: ``advantages`` (GAE), ``masked`` (masked 
 ``logits`` (entropy, log-probs), ``kl`` (estimators, the adaptive KL coefficient), ``losses`` (aggregation, policy and value
 losses), ``importance`` (behaviour importance weights), ``group_advantages`` (critic-free estimators and the
 ``ADVANTAGE_ESTIMATORS`` registry), ``priorities`` (replay priorities, ``PRIORITY_FNS``), ``rollout_correction``
-(verl's rollout IS weights, rejection masks, off-policy diagnostics), ``dpo`` (DPO-family losses).
+(verl's rollout IS weights, rejection masks, off-policy diagnostics), ``dpo`` (DPO-family losses), ``constants``
+(``LOG_RATIO_CLAMP``, shared by ``kl``, ``losses`` and ``importance``; not exported, like the other
+constants).
 """
 
 from jaxppo.ops.advantages import gae

@@ -30,11 +30,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxppo.ops._checks import check_choice, check_ndim, check_same_shape, check_scalar_range, compute_dtype
+from jaxppo.ops.constants import LOG_RATIO_CLAMP
 
 LEVELS = ("token", "sequence", "geometric")
 MODES = ("truncate", "mask")
-#: clamp of (token and aggregated) log-ratios before ``exp``
-LOG_RATIO_CLAMP = 20.0
 CAP_ABOVE = 1.5
 CAP_TO = 1.2
 

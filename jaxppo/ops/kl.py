@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxppo.ops._checks import check_choice, check_same_shape, check_scalar_range, compute_dtype
+from jaxppo.ops.constants import LOG_RATIO_CLAMP
 
-#: log-ratio clamp used by k3 (as verl)
-LOG_RATIO_CLAMP = 20.0
 #: value clamp of k3 (as verl)
 K3_VALUE_CLAMP = 10.0
 

@@ -22,11 +22,10 @@ import jax.numpy as jnp
 
 from jaxppo.ops._checks import (check_choice, check_floating, check_ndim, check_same_shape, check_scalar_range,
                                 compute_dtype)
+from jaxppo.ops.constants import LOG_RATIO_CLAMP
 from jaxppo.ops.masked import masked_mean
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-#: clamp of the log-ratio ``logp - old_logp`` before ``exp`` (as verl)
-LOG_RATIO_CLAMP = 20.0
 
 
 def aggregate(loss: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
