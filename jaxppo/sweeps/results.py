@@ -30,6 +30,9 @@ Summary per variant ``v`` over its finished seeds ``k = 1..n`` (curves ``y_k(x)`
   95% percentile **bootstrap** interval (order statistics: the 2.5% one rounded down, the 97.5% one
   rounded up, no interpolation): each of ``resamples`` draws resamples the baseline's seeds (for
   ``R*``) and the variant's seeds (for ``ybar``) with replacement, using ``numpy.random.default_rng(seed)``.
+
+Reporting, shared by the notebooks (``notebooks/sweep_report.py``) and ``python -m jaxppo.sweeps.report``:
+:func:`verdict` (the comparison rule), :func:`mismatch` (behaviour mismatch at an update step), :func:`format_ci`.
 """
 
 from __future__ import annotations
@@ -287,3 +290,96 @@ def write_results(spec, runs, failures: dict[str, dict]) -> tuple[list[RunCurve]
                         resamples=spec.bootstrap_resamples, seed=spec.bootstrap_seed)
     write_csv(out / "summary.csv", summary, SUMMARY_COLUMNS)
     return curves, summary
+
+
+# ----------------------------------------------------------------------------- reporting (notebooks, README table)
+
+def _float(x) -> float:
+    """``float(x)``; NaN for ``None`` or ``""`` (an empty CSV cell)."""
+    return math.nan if x is None or x == "" else float(x)
+
+
+def format_ci(mean: float, lo: float, hi: float, nd: int = 3) -> str:
+    """``"m [lo, hi]"`` with ``nd`` decimals; ``"n/a"`` for a NaN mean, ``"m [no interval]"`` for NaN bounds
+    (fewer than 2 seeds); an infinite value is written ``inf``. Values may be CSV strings (``""``: NaN)."""
+    m, lo, hi = _float(mean), _float(lo), _float(hi)
+    if math.isnan(m):
+        return "n/a"
+    if math.isnan(lo) or math.isnan(hi):
+        return f"{m:.{nd}f} [no interval]"
+    return f"{m:.{nd}f} [{lo:.{nd}f}, {hi:.{nd}f}]"
+
+
+def mismatch(out: str | Path, variants: Sequence[str], seeds: Sequence[int], step: int = 1) -> dict[str, dict]:
+    """Behaviour-policy mismatch at update ``step``, mean over the seeds that logged it, per variant, from
+    ``<out>/runs/<variant>/seed<k>/metrics.jsonl``:
+
+    - ``rollout_corr/kl``: verl's ``E_t[log mu - log pi_prox]`` (logged by rollout-correction variants);
+    - ``ess``: the Kish ESS / N of the token weights ``pi_prox / mu``, ``(sum w)^2 / (N sum w^2)``: ``is_diag/ess``
+      when logged (IS off: the weights that would be applied), else ``is/ess``;
+    - ``weight_mean``: ``is_diag/weight_mean``, else ``is/weight_mean``.
+
+    Keys no run logged are left out (a variant without any run folder maps to ``{}``).
+    """
+    res: dict[str, dict] = {}
+    for v in variants:
+        acc: dict[str, list[float]] = {}
+        for s in seeds:
+            path = Path(out) / "runs" / v / f"seed{s}" / "metrics.jsonl"
+            if not path.is_file():
+                continue
+            for row in _read_jsonl(path):
+                if row.get("step") != step:
+                    continue
+                for key, name in (("rollout_corr/kl", "rollout_corr/kl"), ("is/ess", "ess"), ("is_diag/ess", "ess"),
+                                  ("is/weight_mean", "weight_mean"), ("is_diag/weight_mean", "weight_mean")):
+                    if key in row and not (key.startswith("is/") and f"is_diag/{key[3:]}" in row):
+                        acc.setdefault(name, []).append(float(row[key]))
+        res[v] = {k: sum(x) / len(x) for k, x in acc.items()}
+    return res
+
+
+def summary_by_variant(summary) -> dict[str, dict]:
+    """``{variant: row}`` of a summary: rows of ``summary.csv`` (:func:`read_csv`: strings), of :func:`summarize`,
+    or a pandas DataFrame with those columns."""
+    rows = summary.to_dict("records") if hasattr(summary, "to_dict") else list(summary)
+    return {str(r["variant"]): dict(r) for r in rows}
+
+
+def _num(row: dict, key: str) -> float:
+    return _float(row.get(key, ""))
+
+
+def verdict(summary, variant: str, baseline: str) -> str:
+    """One sentence comparing ``variant`` with ``baseline`` on the final held-out reward (``summary``: see
+    :func:`summary_by_variant`).
+
+    Rule, with each side's 95% t-interval over seeds ``[lo, hi]``: ``lo_v > hi_b`` -> "higher", ``hi_v < lo_b``
+    -> "lower" (the intervals do not overlap); otherwise "no difference measured" (overlapping or touching
+    intervals; conservative: intervals can overlap while a paired test would still find a difference); a NaN
+    bound on either side (fewer than 2 finished seeds) -> "not measurable". The variant's data-efficiency ratio
+    with its interval is appended unless it is NaN (``inf``: the variant starts at or above the target).
+    """
+    rows = summary_by_variant(summary)
+    for name in (variant, baseline):
+        if name not in rows:
+            raise ValueError(f"verdict: variant {name!r} is not in the summary (variants: {', '.join(rows)})")
+    v, b = rows[variant], rows[baseline]
+    vlo, vhi, blo, bhi = (_num(v, "final_reward_ci95_lo"), _num(v, "final_reward_ci95_hi"),
+                          _num(b, "final_reward_ci95_lo"), _num(b, "final_reward_ci95_hi"))
+    vs = (f"{variant} vs {baseline}: final reward {format_ci(_num(v, 'final_reward_mean'), vlo, vhi)} vs "
+          f"{format_ci(_num(b, 'final_reward_mean'), blo, bhi)}")
+    if not all(math.isfinite(x) for x in (vlo, vhi, blo, bhi)):
+        word = "not measurable (fewer than 2 finished seeds)"
+    elif vlo > bhi:
+        word = "higher (the 95% intervals do not overlap)"
+    elif vhi < blo:
+        word = "lower (the 95% intervals do not overlap)"
+    else:
+        word = "no difference measured (the 95% intervals overlap)"
+    eff = ""
+    ratio = _num(v, "efficiency_ratio")
+    if variant != baseline and not math.isnan(ratio):
+        eff = (f"; data-efficiency ratio "
+               f"{format_ci(ratio, _num(v, 'efficiency_ratio_ci95_lo'), _num(v, 'efficiency_ratio_ci95_hi'), nd=2)}")
+    return f"{vs}: {word}{eff}."

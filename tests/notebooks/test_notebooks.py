@@ -51,7 +51,7 @@ def test_notebook_parameters_cell(name):
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
-@pytest.mark.parametrize("profile", ["ci", "full", None])
+@pytest.mark.parametrize("profile", ["ci", "extended", None])
 def test_sweep_files_plan(sweep, profile, monkeypatch):
     """Every run of every profile loads its config (unknown key or bad value -> SweepError); the ci profiles
     stay toy-sized: <= 3 variants, 2 seeds, <= 4 update steps."""
