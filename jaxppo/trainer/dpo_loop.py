@@ -103,6 +103,35 @@ def load_pairs(cfg: Any, tokenizer: Any) -> tuple[dict[str, np.ndarray], np.ndar
     return arrays, group, loaded.report
 
 
+def split_pairs(group: np.ndarray, data_cfg: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_rows, eval_rows)`` of the pairs: ``split_by_group`` on the prompt groups of :func:`load_pairs` with
+    ``data.eval_fraction`` / ``data.seed`` -- THE split of DPO (and of the reward model, whose config shares them)."""
+    from jaxppo.data import split_by_group
+
+    return split_by_group(np.asarray(group).tolist(), data_cfg.eval_fraction, data_cfg.seed)
+
+
+def pair_prompts(cfg: Any, tokenizer: Any) -> tuple[list[Any], list[Any], int]:
+    """``(train_prompts, heldout_prompts, n_unsplit)``: the distinct prompts of ``cfg.data``'s pairs in file order,
+    on either side of :func:`split_pairs`; ``n_unsplit`` counts prompts of rows that passed validation but not
+    tokenization (on neither side: DPO never sees them)."""
+    from jaxppo.data import load_rows
+
+    arrays, group, _ = load_pairs(cfg, tokenizer)
+    loaded_rows = {p.index: p.prompt for p in load_rows(cfg.data).rows}   # read again: cheap next to tokenizing
+    train_rows, eval_rows = split_pairs(group, cfg.data)
+    index = np.asarray(arrays["index"])
+    held_idx = {int(i) for i in index[eval_rows]}
+    train_idx = {int(i) for i in index[train_rows]}
+    train, held, other = {}, {}, {}
+    for i, prompt in loaded_rows.items():    # file order; a prompt is keyed by its JSON text, as in load_pairs
+        key = json.dumps(prompt, sort_keys=True, default=str)
+        side = held if i in held_idx else train if i in train_idx else other
+        side.setdefault(key, prompt)
+    other = {k: v for k, v in other.items() if k not in train and k not in held}
+    return list(train.values()), list(held.values()), len(other)
+
+
 def reference_logps(arrays: dict[str, np.ndarray], *, model_path: str, model: Any, cache_dir: Any,
                     batch_size: int, report: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """Summed reference log-probs ``(chosen [N], rejected [N])`` via the cached behaviour log-prob pass
@@ -126,7 +155,6 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     """Everything a DPO run needs (see the module doc)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from jaxppo.data import split_by_group
     from jaxppo.data.behaviour import default_cache_dir
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
@@ -153,7 +181,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         arrays, model_path=model_path, model=model, cache_dir=cache_dir, batch_size=cfg.data.behaviour_batch_size,
         report=report)
     arrays["group_id"] = group
-    train_rows, eval_rows = split_by_group(group.tolist(), cfg.data.eval_fraction, cfg.data.seed)
+    train_rows, eval_rows = split_pairs(group, cfg.data)
     if len(train_rows) == 0:
         raise ConfigError("data: no training pairs left after the by-prompt split; lower data.eval_fraction")
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}

@@ -1,0 +1,57 @@
+"""``python -m jaxppo.prompts --config FILE --side train|heldout --out PROMPTS.jsonl [dotted.key=value ...]``
+
+Writes the distinct prompts of a preference config's pairs (``data.schema=preference``, e.g.
+``configs/dpo_hh_stories260k.yaml``) on one side of its by-prompt split, one ``{"prompt": ...}`` object a line in
+file order: the ``rollout.prompts`` file of a collection that must not sample evaluation prompts. The split is
+DPO's own (``jaxppo.trainer.dpo_loop.split_pairs``: ``data.eval_fraction``, ``data.seed``), which the reward model
+and ``configs/hh_offline_stories260k.yaml`` share, so ``--side train`` keeps every prompt those runs hold out out of
+the collected data. Prints the counts; bad input exits with status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+PROG = "python -m jaxppo.prompts"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 with a one-line message for bad input)."""
+    from jaxppo.cli_util import USER_ERRORS, report_user_error
+    from jaxppo.config import ConfigError, load_config
+
+    ap = argparse.ArgumentParser(prog=PROG, description="Prompts of one side of a preference config's split.")
+    ap.add_argument("--config", "-c", required=True, help="YAML config with data.schema=preference")
+    ap.add_argument("--side", choices=("train", "heldout"), required=True)
+    ap.add_argument("--out", required=True, help="output .jsonl file")
+    ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        ap.exit(2, f"{PROG}: config error: {e}\n")
+    try:
+        if cfg.data.schema != "preference":
+            raise ConfigError(f"data.schema must be 'preference' (pairs split by prompt), got {cfg.data.schema!r}")
+        from jaxppo.hf import load_tokenizer
+        from jaxppo.hf.paths import tokenizer_path
+        from jaxppo.trainer.dpo_loop import pair_prompts
+
+        train, heldout, n_unsplit = pair_prompts(cfg, load_tokenizer(tokenizer_path(cfg.model)))
+        keep = train if args.side == "train" else heldout
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in keep), encoding="utf-8")
+    except (*USER_ERRORS, ConfigError) as e:
+        return report_user_error(PROG, e)
+    print(f"{len(train)} training prompts, {len(heldout)} held-out prompts, {n_unsplit} in neither (not tokenized); "
+          f"wrote the {len(keep)} {args.side} prompts to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
