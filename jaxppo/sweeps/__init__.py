@@ -5,7 +5,8 @@
 - :mod:`jaxppo.sweeps.runner` — runs (or prints) the commands, resumable, failures recorded;
 - :mod:`jaxppo.sweeps.results` — ``results.csv`` / ``summary.csv`` (t-intervals, AUC, samples-to-target,
   data-efficiency ratio with a seed bootstrap);
-- :mod:`jaxppo.sweeps.plots` — reward vs samples and reward vs KL figures.
+- :mod:`jaxppo.sweeps.plots` — reward vs samples and reward vs KL figures;
+- :mod:`jaxppo.sweeps.report` — ``python -m jaxppo.sweeps.report``: the README Results table and verdicts.
 """
 
 from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec, load_sweep, plan_runs
