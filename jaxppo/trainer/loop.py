@@ -191,8 +191,10 @@ def fit(cfg: Any, *, run: Run | None = None) -> tuple[dict[str, Any], Any]:
     compile_s = None
     try:
         if start == 0:
-            # the first "last good" checkpoint for rollbacks: verified by the perplexity baseline
-            ckpt.save(0, state, _meta(run, guards, 0.0), verified=have_heldout)
+            # the first "last good" checkpoint for rollbacks: verified by the perplexity baseline (already there
+            # when a run killed before its first step resumes from it)
+            if 0 not in ckpt.all_steps():
+                ckpt.save(0, state, _meta(run, guards, 0.0), verified=have_heldout)
             if tc.eval_every and evals.available:   # step 0: the reference, before any update
                 mlog.log(0, evals.ev.step_metrics(evals.reference()))
         for s in range(start, tc.total_steps):

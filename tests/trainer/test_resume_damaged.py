@@ -64,6 +64,27 @@ def test_resume_skips_a_damaged_newest_checkpoint(make_cfg, tmp_path):
     ck.close()
 
 
+def test_resume_from_the_step0_checkpoint(make_cfg, tmp_path):
+    """A run killed after its step-0 checkpoint and before its first step resumes from it (it used to fail with
+    StepAlreadyExistsError: the loop saved step 0 again) and then does exactly what an uninterrupted run does."""
+    import shutil
+
+    from jaxppo.trainer.loop import train
+    from jaxppo.trainer.setup import build_run
+
+    cfg = make_cfg("data.eval_fraction=0", "trainer.total_steps=4", "trainer.save_every=4", "trainer.keep_last=3")
+    train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
+    out = tmp_path / "run"
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.isdigit()) == ["0", "4"]
+    first = [_deterministic(r) for r in _rows(out / "metrics.jsonl")]
+    shutil.rmtree(ckpts / "4")            # as if killed before step 1: only checkpoint 0 was written
+    summary = train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
+    assert summary["resumed_from"] == 0
+    assert [_deterministic(r) for r in _rows(out / "metrics.jsonl")] == first
+    assert (ckpts / "4").is_dir()
+
+
 def _train_cli(tmp_path: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(cache))
