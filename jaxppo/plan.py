@@ -122,7 +122,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
                    "prompt_length": cfg.data.max_prompt_length, "response_length": cfg.data.max_response_length,
                    "ppo_mini_batch_size": cfg.actor.ppo_mini_batch_size,
                    "ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size or cfg.actor.ppo_mini_batch_size,
-                   "replay_slots": int(jax.tree.leaves(s.replay.storage)[0].shape[0])},
+                   "replay_slots": int(s.replay.capacity)},
         "devices": {"count": len(devices), "platform": platform,
                     "simulated": platform == "cpu" and len(devices) > 1},
         "actor_parameters": int(n_params),

@@ -2,25 +2,26 @@
 
 Layout (docs/interfaces): ``ids = concat(prompt_ids [B,P], response_ids [B,R])``; response token ``t``
 is predicted by position ``P+t-1``, so logits and values are read at ``[:, P-1 : P+R-1]``.
-With ``share_trunk`` the value head reads the actor's hidden states at those positions.
+With ``share_trunk`` the value head reads the actor's hidden states at those positions. ``batch`` is anything with the
+token fields ``prompt_ids``, ``prompt_mask``, ``response_ids``, ``response_mask`` (``batch.TokenFields``: a
+``Trajectories`` or ``Tokens``).
 """
 
 from __future__ import annotations
-
-from typing import Mapping
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxppo import ops
+from jaxppo.trainer.batch import TokenFields
 
 
-def _ids_mask(items: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, int, int]:
-    p = items["prompt_ids"].shape[1]
-    r = items["response_ids"].shape[1]
-    ids = jnp.concatenate([items["prompt_ids"], items["response_ids"]], axis=1).astype(jnp.int32)
-    mask = jnp.concatenate([items["prompt_mask"], items["response_mask"]], axis=1).astype(jnp.int32)
+def _ids_mask(batch: TokenFields) -> tuple[jax.Array, jax.Array, int, int]:
+    p = batch.prompt_ids.shape[1]
+    r = batch.response_ids.shape[1]
+    ids = jnp.concatenate([batch.prompt_ids, batch.response_ids], axis=1).astype(jnp.int32)
+    mask = jnp.concatenate([batch.prompt_mask, batch.response_mask], axis=1).astype(jnp.int32)
     return ids, mask, p, r
 
 
@@ -29,27 +30,27 @@ def response_positions(x: jax.Array, prompt_len: int, response_len: int) -> jax.
     return x[:, prompt_len - 1:prompt_len + response_len - 1]
 
 
-def response_logits(actor_gd, actor_params, items: Mapping[str, jax.Array]) -> jax.Array:
+def response_logits(actor_gd, actor_params, batch: TokenFields) -> jax.Array:
     """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params``."""
     actor = nnx.merge(actor_gd, actor_params)
-    ids, mask, p, r = _ids_mask(items)
+    ids, mask, p, r = _ids_mask(batch)
     return actor.logits_from_hidden(response_positions(actor.hidden_states(ids, mask), p, r)).astype(jnp.float32)
 
 
-def response_values(critic_gd, critic_params, items: Mapping[str, jax.Array]) -> jax.Array:
+def response_values(critic_gd, critic_params, batch: TokenFields) -> jax.Array:
     """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions."""
-    ids, mask, p, r = _ids_mask(items)
+    ids, mask, p, r = _ids_mask(batch)
     return response_positions(nnx.merge(critic_gd, critic_params)(ids, mask), p, r).astype(jnp.float32)
 
 
-def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, items: Mapping[str, jax.Array], *,
+def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
                            share_trunk: bool) -> tuple[jax.Array, jax.Array]:
-    """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``items``."""
+    """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``batch``."""
     if not share_trunk:
-        return (response_logits(actor_gd, actor_params, items),
-                response_values(critic_gd, critic_params, items))
+        return (response_logits(actor_gd, actor_params, batch),
+                response_values(critic_gd, critic_params, batch))
     actor = nnx.merge(actor_gd, actor_params)
-    ids, mask, p, r = _ids_mask(items)
+    ids, mask, p, r = _ids_mask(batch)
     h_r = response_positions(actor.hidden_states(ids, mask), p, r)
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
     values = nnx.merge(critic_gd, critic_params)(h_r)

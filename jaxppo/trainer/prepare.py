@@ -24,7 +24,7 @@ For every buffer slot (``[N, R]`` arrays, ``m`` the response mask):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,7 @@ import numpy as np
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.replay.filtered import filtered_stored_priority
+from jaxppo.trainer.batch import BufferItem, Prepared, Tokens
 from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values
 from jaxppo.trainer.hparams import StepHP, step_hparams
 
@@ -72,15 +73,16 @@ def sequence_priority(delta: jax.Array, response_mask: jax.Array, agg: str) -> j
     return a.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
 
 
-def _chunked(fn, storage: Mapping[str, jax.Array], keys: tuple[str, ...], chunk: int, mesh=None):
-    """Apply ``fn(items) -> tree of [chunk, ...]`` over the buffer in chunks with ``lax.map``.
+def _chunked(fn, xs, chunk: int, mesh=None):
+    """Apply ``fn(batch) -> tree of [chunk, ...]`` over ``xs`` (a pytree of ``[N, ...]`` arrays, e.g. the buffer's
+    ``Tokens``) in chunks with ``lax.map``.
 
     Chunks are strided: chunk ``j`` holds rows ``j, j+c, j+2c, ...`` with ``c = N / chunk`` chunks, so with the
     buffer split in contiguous blocks over the devices every chunk takes the same share of every device's
     rows (``chunk`` a multiple of the batch shards) and the per-row outputs come back in row order. With
     ``mesh`` each chunk is constrained to stay split over the batch axes (``jaxppo.parallel.BATCH_AXES``).
     """
-    n = storage[keys[0]].shape[0]
+    n = jax.tree.leaves(xs)[0].shape[0]
     if n % chunk:
         raise ValueError(f"buffer size {n} is not a multiple of the prepare chunk {chunk}")
     c = n // chunk
@@ -95,12 +97,9 @@ def _chunked(fn, storage: Mapping[str, jax.Array], keys: tuple[str, ...], chunk:
         spec[axis] = BATCH_AXES
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
-    xs = {k: constrain(jnp.swapaxes(storage[k].reshape(chunk, c, *storage[k].shape[1:]), 0, 1), 1) for k in keys}
-    out = jax.lax.map(lambda items: fn({k: constrain(v, 0) for k, v in items.items()}), xs)
+    xs = jax.tree.map(lambda x: constrain(jnp.swapaxes(x.reshape(chunk, c, *x.shape[1:]), 0, 1), 1), xs)
+    out = jax.lax.map(lambda batch: fn(jax.tree.map(lambda v: constrain(v, 0), batch)), xs)
     return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape(n, *y.shape[2:]), out)
-
-
-_TOKEN_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
 def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Array, mask: jax.Array,
@@ -121,7 +120,8 @@ def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Arra
 
 
 def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_shardings=None, hp: StepHP | None = None):
-    """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer.
+    """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer: the buffer's
+    ``BufferItem.prepared`` (``batch.Prepared``) is replaced, its ``data`` kept.
 
     With the estimator ``algorithm.adv_estimator`` (``hp.advantage``): ``(A, G) = est(r, V, m, group_id, hp)``;
     a critic-free estimator gets ``V = None`` (no critic forward, no ``values`` in the buffer) and the rows'
@@ -137,39 +137,38 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
     mesh = None if state_shardings is None else state_shardings.rng.mesh
 
     def prepare(state):
-        st = state.replay.storage
+        item: BufferItem = state.replay.storage
+        d = item.data
 
-        def one(items):
+        def one(batch: Tokens):
             if critic is None:
-                logits, values = response_logits(actor_gd, state.actor, items), None
+                logits, values = response_logits(actor_gd, state.actor, batch), None
             else:
-                logits, values = response_logits_values(actor_gd, state.actor, critic_gd, state.critic, items,
+                logits, values = response_logits_values(actor_gd, state.actor, critic_gd, state.critic, batch,
                                                         share_trunk=share)
-            logp, _ = logp_entropy(logits, items["response_ids"], items["response_mask"])
+            logp, _ = logp_entropy(logits, batch.response_ids, batch.response_mask)
             return logp, values
 
-        prox_logp, values = _chunked(one, st, _TOKEN_KEYS, chunk, mesh=mesh)
+        prox_logp, values = _chunked(one, Tokens.of(d), chunk, mesh=mesh)
         prox_logp = jax.lax.stop_gradient(prox_logp)
-        m = st["response_mask"].astype(jnp.float32)
-        rewards = token_rewards(st["score"], st["response_mask"], prox_logp, st["ref_logp"], kl_coef=state.kl_coef,
+        m = d.response_mask.astype(jnp.float32)
+        rewards = token_rewards(d.score, d.response_mask, prox_logp, d.ref_logp, kl_coef=state.kl_coef,
                                 use_kl_in_reward=ah.use_kl_in_reward, kl_kind=ah.kl_penalty)
-        fw = st["filter_w"]
+        fw = d.filter_w
         delta = None
         if values is not None:
             values = values * m
-            adv, ret = estimator(rewards, values, m, st["group_id"], ah.params)
+            adv, ret = estimator(rewards, values, m, d.group_id, ah.params)
             if ah.norm_adv:
                 valid = m * (fw > 0).astype(jnp.float32)[:, None]
                 adv = ops.masked_whiten(adv, valid) * m
             delta = td_residuals(rewards, values, m, critic.gamma)
         else:
-            adv, ret = estimator(rewards, None, m, st["group_id"], ah.params)
-        prio = buffer_priority(hp, delta=delta, advantages=adv * m, mask=m, score=st["score"],
-                               group_id=st["group_id"])
-        prepared = dict(prox_logp=prox_logp, token_rewards=rewards, advantages=adv * m, returns=ret * m)
-        if values is not None:
-            prepared["values"] = values
-        rs = state.replay.replace(storage=dict(st, **prepared))
+            adv, ret = estimator(rewards, None, m, d.group_id, ah.params)
+        prio = buffer_priority(hp, delta=delta, advantages=adv * m, mask=m, score=d.score, group_id=d.group_id)
+        prepared = Prepared(prox_logp=prox_logp, token_rewards=rewards, advantages=adv * m, returns=ret * m,
+                            values=values)
+        rs = state.replay.replace(storage=item.replace(prepared=prepared))
         stored = filtered_stored_priority(rs, prio, fw) if prioritized else fw
         idx = jnp.arange(fw.shape[0], dtype=jnp.int32)
         rs = replay_lib.set_priorities(rs, idx, stored)

@@ -20,10 +20,12 @@ from flax import nnx
 
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
+from jaxppo.trainer.batch import (TRAJECTORY_DTYPES, BufferItem, Trajectories, example_item, trajectories_from_arrays,
+                                  zero_prepared)
 from jaxppo.trainer.hparams import StepHP, step_hparams
 from jaxppo.trainer.prepare import make_prepare_fn, pf_filter
-from jaxppo.trainer.state import (DATA_KEYS, PREPARED_KEYS, TrainState, init_optimizer, make_critic,
-                                  make_optimizer, replicate_leaves, shardings_of, split_params)
+from jaxppo.trainer.state import (TrainState, init_optimizer, make_critic, make_optimizer, replicate_leaves,
+                                  shardings_of, split_params)
 from jaxppo.trainer.steps import make_train_step
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -152,15 +154,15 @@ def window_slots(rows: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarra
     return np.asarray(rows)[np.minimum(j, n - 1)].astype(np.int64), j < n
 
 
-def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarray) -> dict[str, np.ndarray]:
-    """The buffer's data fields for slots ``rows``; invalid slots get filter weight 0 and a group id of their
-    own (below every real one), so no group estimator counts them in a real group."""
-    items = {k: np.asarray(train[k])[rows].astype(ITEM_DTYPES[k]) for k in DATA_KEYS + ("ref_logp", "filter_w")}
-    items["filter_w"] = np.where(valid, items["filter_w"], 0.0).astype(np.float32)
+def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarray) -> Trajectories:
+    """The buffer's data fields (numpy ``Trajectories``) for slots ``rows`` of the data layer's dict ``train``;
+    invalid slots get filter weight 0 and a group id of their own (below every real one), so no group estimator
+    counts them in a real group."""
+    data = trajectories_from_arrays(train, rows)
     low = min(int(np.min(train["group_id"], initial=0)), 0)
     pad_gid = low - 1 - np.arange(len(rows))
-    items["group_id"] = np.where(valid, items["group_id"], pad_gid).astype(ITEM_DTYPES["group_id"])
-    return items
+    return data.replace(filter_w=np.where(valid, data.filter_w, 0.0).astype(TRAJECTORY_DTYPES["filter_w"]),
+                        group_id=np.where(valid, data.group_id, pad_gid).astype(TRAJECTORY_DTYPES["group_id"]))
 
 
 def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
@@ -177,27 +179,6 @@ def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
     heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
     return train, heldout, report
-
-
-# dtype of every buffer field (the data rows are cast to these, so an abstract plan and a real run agree)
-ITEM_DTYPES = {"prompt_ids": np.int32, "prompt_mask": np.int32, "response_ids": np.int32, "response_mask": np.int32,
-               "behaviour_logprobs": np.float32, "score": np.float32, "group_id": np.int32, "row": np.int32,
-               "ref_logp": np.float32, "filter_w": np.float32}
-_PROMPT_KEYS = ("prompt_ids", "prompt_mask")
-_SCALAR_KEYS = ("score", "group_id", "row", "filter_w")
-
-
-def replay_example(prompt_len: int, response_len: int, *, critic: bool = True) -> dict[str, jax.ShapeDtypeStruct]:
-    """One buffer item (no batch axis): the data fields (``DATA_KEYS``, ``ref_logp``, ``filter_w``) and the
-    prepared ``[R]`` float32 arrays (no ``values`` without a critic); prompt fields are ``[P]``, scores/ids/filter
-    weights scalars."""
-    keys = dict.fromkeys(DATA_KEYS + ("ref_logp", "filter_w") + tuple(k for k in PREPARED_KEYS
-                                                                      if critic or k != "values"))
-    out = {}
-    for k in keys:
-        shape = () if k in _SCALAR_KEYS else (prompt_len,) if k in _PROMPT_KEYS else (response_len,)
-        out[k] = jax.ShapeDtypeStruct(shape, ITEM_DTYPES.get(k, np.float32))
-    return out
 
 
 def buffer_layout(cfg: Any, n_rows: int, mesh) -> tuple[int, int, int]:
@@ -259,7 +240,7 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
     if not abstract:
         state = replicate_leaves(state, mesh)
     shardings = shardings_of(state)
-    capacity = jax.tree.leaves(replay_state.storage)[0].shape[0]
+    capacity = replay_state.capacity
     prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp)
     step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh,
                            hp=hp)
@@ -281,14 +262,14 @@ def _with_shardings(params, mesh, rules):
                         named_shardings(params, mesh, rules))
 
 
-def make_replay(cfg: Any, capacity: int, example: dict, mesh):
+def make_replay(cfg: Any, capacity: int, example: Any, mesh):
     """``replay_lib.init`` with the config's sampling and staleness-decay settings."""
     return replay_lib.init(capacity, example, alpha=cfg.replay.alpha, eps=cfg.replay.eps,
                            prioritization=cfg.replay.prioritization, mesh=mesh, decay=cfg.replay.decay.kind,
                            decay_rate=cfg.replay.decay.rate)
 
 
-def abstract_replay(cfg: Any, mesh, capacity: int, example: dict):
+def abstract_replay(cfg: Any, mesh, capacity: int, example: Any):
     """``replay_lib.init(capacity, example, ...)`` as ``ShapeDtypeStruct`` leaves with the shardings the real
     buffer gets: the shapes from ``jax.eval_shape``, each leaf's sharding read off a tiny concrete buffer made by
     the same ``init`` on ``mesh`` (so every field, present or future, is sharded exactly as in a run)."""
@@ -298,8 +279,8 @@ def abstract_replay(cfg: Any, mesh, capacity: int, example: dict):
         return make_replay(cfg, n, ex, mesh)
 
     abstract = jax.eval_shape(lambda: make(capacity, example))
-    tiny = make(batch_divisor(mesh), {k: jax.ShapeDtypeStruct((1,) * len(v.shape), v.dtype)
-                                      for k, v in example.items()})
+    tiny = make(batch_divisor(mesh), jax.tree.map(lambda v: jax.ShapeDtypeStruct((1,) * len(v.shape), v.dtype),
+                                                  example))
     leaves, treedef = jax.tree.flatten(abstract)
     shardings = [x.sharding for x in jax.tree.leaves(tiny)]
     if len(shardings) != len(leaves):
@@ -343,7 +324,7 @@ def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: i
         critic_params = _with_shardings(critic_params, mesh, rules)
 
     _, capacity, chunk = buffer_layout(cfg, cfg.replay.capacity if n_rows is None else n_rows, mesh)
-    rs = abstract_replay(cfg, mesh, capacity, replay_example(prompt_len, response_len, critic=with_critic))
+    rs = abstract_replay(cfg, mesh, capacity, example_item(prompt_len, response_len, critic=with_critic))
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return core, actor_gd, critic_gd, actor_params
 
@@ -392,11 +373,11 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     n_use, capacity, chunk = buffer_layout(cfg, n_rows, mesh)
     windows = group_windows(train["group_id"], n_use)
     rows, valid = window_slots(windows[0], capacity)
-    items = window_items(train, rows, valid)
     p_len, r_len = train["prompt_ids"].shape[1], train["response_ids"].shape[1]
-    rs = make_replay(cfg, capacity, replay_example(p_len, r_len, critic=hp.critic is not None), mesh)
-    full = {k: items.get(k, np.zeros((capacity, r_len), np.float32)) for k in rs.storage}
-    rs = replay_lib.add(rs, full)
+    with_critic = hp.critic is not None
+    rs = make_replay(cfg, capacity, example_item(p_len, r_len, critic=with_critic), mesh)
+    rs = replay_lib.add(rs, BufferItem(data=window_items(train, rows, valid),
+                                       prepared=zero_prepared(capacity, r_len, critic=with_critic)))
 
     actor_gd, actor_params = split_params(actor_model)
     critic_gd = critic_params = None
@@ -420,14 +401,13 @@ def build_run(cfg: Any, *, devices=None) -> Run:
 
 def load_window(run: Run, state: TrainState, refresh_index: int) -> TrainState:
     """For datasets larger than the buffer: the rows of window ``refresh_index mod len(run.windows)`` (whole prompt
-    groups, :func:`group_windows`) written into the buffer's data fields (no-op with a single window)."""
+    groups, :func:`group_windows`) written into the buffer's ``BufferItem.data`` (no-op with a single window)."""
     if len(run.windows) <= 1:
         return state
     window = run.windows[refresh_index % len(run.windows)]
     rows, valid = window_slots(window, run.capacity)
-    items = window_items(run.train, rows, valid)
-    st = dict(state.replay.storage)
-    for k, v in items.items():
-        st[k] = jax.device_put(v.astype(st[k].dtype), st[k].sharding)
-    return state.replace(replay=state.replay.replace(storage=st),
+    old: BufferItem = state.replay.storage
+    data = jax.tree.map(lambda v, o: jax.device_put(v.astype(o.dtype), o.sharding),
+                        window_items(run.train, rows, valid), old.data)
+    return state.replace(replay=state.replay.replace(storage=old.replace(data=data)),
                          data_cursor=jax.device_put(jnp.int32(window[0]), state.data_cursor.sharding))

@@ -2,7 +2,8 @@
 
 ``TrainState`` holds everything a step changes and a resume needs (DESIGN.md §2): actor and critic
 parameters (``nnx.State``; models are rebuilt inside jitted code with ``nnx.merge``) with their
-optax states, the replay buffer (storage with the prepared arrays, priorities), the RNG key, the
+optax states, the replay buffer (storage: one ``batch.BufferItem`` per slot, the data ``Trajectories`` and
+the ``Prepared`` arrays; priorities), the RNG key, the
 in-reward KL coefficient (fixed/adaptive controller state), the LR scale set by the guards, the
 step/NaN counters and the data cursor. ``share_trunk=True``: ``critic`` holds only a value head that
 reads the actor's hidden states. With a critic-free advantage estimator (``algorithm.adv_estimator`` grpo, rloo,
@@ -31,20 +32,16 @@ import optax
 from flax import nnx, struct
 
 from jaxppo.models import ScalarHead, ValueModel
-
-PREPARED_KEYS = ("ref_logp", "prox_logp", "values", "token_rewards", "advantages", "returns", "filter_w")
-DATA_KEYS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behaviour_logprobs", "score",
-             "group_id", "row")
-
+from jaxppo.replay import ReplayState
 
 @struct.dataclass
 class TrainState:
     step: jax.Array            # int32: number of update steps done
-    actor: Any                 # nnx.State of the CausalLM
-    actor_opt: Any
-    critic: Any                # nnx.State of a ValueModel (a ScalarHead when share_trunk); None: critic-free
-    critic_opt: Any            # None without a critic
-    replay: Any                # jaxppo.replay.ReplayState (storage = data + prepared arrays)
+    actor: nnx.State           # parameters of the CausalLM
+    actor_opt: optax.OptState
+    critic: nnx.State | None   # parameters of a ValueModel (a ScalarHead when share_trunk); None: critic-free
+    critic_opt: optax.OptState | None   # None without a critic
+    replay: ReplayState        # storage: a batch.BufferItem per slot (data + prepared arrays)
     rng: jax.Array             # base key; step keys are fold_in(rng, step)
     kl_coef: jax.Array         # in-reward KL coefficient β (KL-controller state)
     lr_scale: jax.Array        # guard LR multiplier of the actor (1 = as configured)

@@ -57,6 +57,7 @@ from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.parallel import BATCH_AXES
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
+from jaxppo.trainer.batch import BufferItem
 from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
 from jaxppo.trainer.hparams import StepHP, step_hparams
 from jaxppo.trainer.prepare import sequence_priority, td_residuals
@@ -134,27 +135,29 @@ def count_weights(counts: jax.Array | None, mask: jax.Array, agg: str) -> jax.Ar
     return (c * z)[:, None]
 
 
-def actor_terms(hp: StepHP, logits: jax.Array, items, w: jax.Array):
-    """``(pg(w·c·ρ; m·k) − c_H·H_c + c_KL·agg_c(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]``.
+def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, counts: jax.Array | None = None):
+    """``(pg(w·c·ρ; m·k) − c_H·H_c + c_KL·agg_c(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]`` of the
+    minibatch ``batch`` (``[B, ...]`` leaves) with PER weights ``w`` ``[B]``.
 
     ``pg`` is the policy loss ``hp.actor.policy_loss`` (``registry.POLICY_LOSSES``; "ppo": clip + dual clip)
-    with the detached weights ``w_i·c_i·ρ_t`` (``c``: :func:`count_weights` of ``items["pf_count"]`` when
-    present, else 1; ``ρ`` and the rejection keep-mask ``k`` from :func:`behaviour_weights`); every loss term
-    is aggregated over ``m·k`` (``m`` the response mask). ``algorithm/kl`` is the current policy's
+    with the detached weights ``w_i·c_i·ρ_t`` (``c``: :func:`count_weights` of the PF-PPO resample ``counts``
+    ``[B]``, all 1 when ``None``; ``ρ`` and the rejection keep-mask ``k`` from :func:`behaviour_weights`); every
+    loss term is aggregated over ``m·k`` (``m`` the response mask). ``algorithm/kl`` is the current policy's
     ``masked_mean(kl(π_θ, ref))`` over ``m``. Without a critic the data metrics are ``data/score/mean`` and
     ``actor/advantages/mean`` (no ``critic/*``).
     """
     a = hp.actor
-    m = items["response_mask"].astype(jnp.float32)
-    logp, ent = logp_entropy(logits, items["response_ids"], items["response_mask"])
-    prox = items["prox_logp"]
-    rho, keep, ism = behaviour_weights(hp, prox, items["behaviour_logprobs"], m)
+    d, pr = batch.data, batch.prepared
+    m = d.response_mask.astype(jnp.float32)
+    logp, ent = logp_entropy(logits, d.response_ids, d.response_mask)
+    prox = pr.prox_logp
+    rho, keep, ism = behaviour_weights(hp, prox, d.behaviour_logprobs, m)
     ml = m * keep
-    cw = count_weights(items.get("pf_count"), ml, a.agg)
+    cw = count_weights(counts, ml, a.agg)
     weights = jax.lax.stop_gradient(w[:, None] * cw * rho)
-    pg_loss, pgm = get_policy_loss(a.policy_loss)(logp, prox, items["advantages"], ml, a, weights)
+    pg_loss, pgm = get_policy_loss(a.policy_loss)(logp, prox, pr.advantages, ml, a, weights)
     entropy = ops.aggregate(ent * cw, ml, a.agg)
-    kl_loss = ops.aggregate(ops.kl_penalty(logp, items["ref_logp"], a.kl_loss_type) * cw, ml, a.agg)
+    kl_loss = ops.aggregate(ops.kl_penalty(logp, d.ref_logp, a.kl_loss_type) * cw, ml, a.agg)
     total = pg_loss - a.entropy_coeff * entropy
     if a.use_kl_loss:
         total = total + a.kl_loss_coef * kl_loss
@@ -165,34 +168,34 @@ def actor_terms(hp: StepHP, logits: jax.Array, items, w: jax.Array):
         "actor/pg_loss": pg_loss, "actor/pg_clipfrac": pgm["pg_clipfrac"],
         "actor/pg_clipfrac_lower": pgm["pg_clipfrac_lower"], "actor/ppo_kl": pgm["ppo_kl"],
         "actor/entropy": entropy, "actor/kl_loss": kl_loss,
-        data_prefix[0]: ops.masked_mean(items["advantages"], m),
-        data_prefix[1]: jnp.mean(items["score"]),
+        data_prefix[0]: ops.masked_mean(pr.advantages, m),
+        data_prefix[1]: jnp.mean(d.score),
         "response_length/mean": jnp.mean(m.sum(-1)),
         **ism,
         "replay/sample_efficiency": jnp.mean((w * seq_rho > SAMPLE_EFFICIENCY_THRESHOLD).astype(jnp.float32)),
         "replay/per_weight_mean": jnp.mean(w),
-        "algorithm/kl": ops.masked_mean(ops.kl_penalty(jax.lax.stop_gradient(logp), items["ref_logp"],
-                                                       a.kl_penalty), m),
+        "algorithm/kl": ops.masked_mean(ops.kl_penalty(jax.lax.stop_gradient(logp), d.ref_logp, a.kl_penalty), m),
     }
     return total, aux
 
 
-def critic_terms(hp: StepHP, values: jax.Array, items, w: jax.Array):
-    """``(vf_loss (weighted by w·c, clipped), metrics, priority [B] = agg_t|δ_t| of these values)``
-    (``c``: :func:`count_weights` of ``items["pf_count"]`` when present)."""
+def critic_terms(hp: StepHP, values: jax.Array, batch: BufferItem, w: jax.Array, counts: jax.Array | None = None):
+    """``(vf_loss (weighted by w·c, clipped), metrics, priority [B] = agg_t|δ_t| of these values)`` for the fresh
+    ``values`` ``[B,R]`` of ``batch`` (``c``: :func:`count_weights` of the PF-PPO resample ``counts``, 1 if None)."""
     c = hp.critic
-    m = items["response_mask"].astype(jnp.float32)
+    pr = batch.prepared
+    m = batch.data.response_mask.astype(jnp.float32)
     values = values * m
-    cw = count_weights(items.get("pf_count"), m, c.agg)
-    vf_loss, vfm = ops.value_loss(values, items["values"], items["returns"], m, clip=c.cliprange_value,
+    cw = count_weights(counts, m, c.agg)
+    vf_loss, vfm = ops.value_loss(values, pr.values, pr.returns, m, clip=c.cliprange_value,
                                   agg=c.agg, weights=jax.lax.stop_gradient(w[:, None] * cw))
     sv = jax.lax.stop_gradient(values)
-    delta = td_residuals(items["token_rewards"], sv, m, c.gamma)
+    delta = td_residuals(pr.token_rewards, sv, m, c.gamma)
     aux = {
         "critic/vf_loss": vf_loss, "critic/vf_clipfrac": vfm["vf_clipfrac"],
-        "critic/vf_explained_var": explained_variance(sv, items["returns"], m),
+        "critic/vf_explained_var": explained_variance(sv, pr.returns, m),
         "critic/values/mean": ops.masked_mean(sv, m),
-        "critic/returns/mean": ops.masked_mean(items["returns"], m),
+        "critic/returns/mean": ops.masked_mean(pr.returns, m),
     }
     return vf_loss, aux, sequence_priority(delta, m, c.priority_agg)
 
@@ -204,8 +207,8 @@ def _f32(aux):
 class Phase(NamedTuple):
     """One optimised loss of the step: the ``TrainState`` fields it updates, its loss, its epoch count.
 
-    ``loss_fn(params: tuple, items, w) -> (loss, (aux, priority [B] or None))`` with ``params`` the
-    fields' values in ``fields`` order; ``aux["_loss"]`` is the loss itself (for the NaN check).
+    ``loss_fn(params: tuple, batch: BufferItem, w [B], counts [B] or None) -> (loss, (aux, priority [B] or None))``
+    with ``params`` the fields' values in ``fields`` order; ``aux["_loss"]`` is the loss itself (NaN check).
     """
     fields: tuple[str, ...]
     loss_fn: Callable
@@ -220,24 +223,24 @@ def make_phases(hp: StepHP, actor_gd, critic_gd) -> list[Phase]:
     the actor phase only."""
     c = hp.critic
 
-    def actor_loss(params, items, w):
-        la, aux = actor_terms(hp, response_logits(actor_gd, params[0], items), items, w)
+    def actor_loss(params, batch, w, counts):
+        la, aux = actor_terms(hp, response_logits(actor_gd, params[0], batch.data), batch, w, counts)
         return la, (_f32({**aux, "_loss": la}), None)
 
     if c is None:
         return [Phase(("actor",), actor_loss, hp.actor_epochs)]
     if c.share_trunk:
-        def joint(params, items, w):
-            logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], items,
+        def joint(params, batch, w, counts):
+            logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], batch.data,
                                                     share_trunk=True)
-            la, aux_a = actor_terms(hp, logits, items, w)
-            vf, aux_c, prio = critic_terms(hp, values, items, w)
+            la, aux_a = actor_terms(hp, logits, batch, w, counts)
+            vf, aux_c, prio = critic_terms(hp, values, batch, w, counts)
             total = la + c.vf_coef * vf
             return total, (_f32({**aux_a, **aux_c, "_loss": total}), prio)
         return [Phase(("actor", "critic"), joint, hp.actor_epochs)]
 
-    def critic_loss(params, items, w):
-        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], items), items, w)
+    def critic_loss(params, batch, w, counts):
+        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data), batch, w, counts)
         lc = c.vf_coef * vf
         return lc, (_f32({**aux, "_loss": lc}), prio)
 
@@ -272,7 +275,7 @@ def _constrain_batch(x: jax.Array, mesh, axis: int) -> jax.Array:
 
 def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     """One optimizer update of ``loss_fn`` on a minibatch:
-    ``(params, opts, scales, items, w) -> (params, opts, aux, priority, grad_norms)``.
+    ``(params, opts, scales, batch, w, counts) -> (params, opts, aux, priority, grad_norms)``.
 
     Gradients are the mean over ``n_micro`` equal micro-batches (``lax.scan``); metrics are the mean
     over micro-batches; ``grad_norms`` are the global norms of each field's accumulated gradient
@@ -283,27 +286,26 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def grads(params, items, w):
+    def grads(params, batch, w, counts):
         if n_micro == 1:
-            (_, (aux, prio)), g = grad_fn(params, items, w)
+            (_, (aux, prio)), g = grad_fn(params, batch, w, counts)
             return g, aux, prio
-        b = w.shape[0]
-        xs = jax.tree.map(lambda x: strided_split(x, n_micro), (items, w))
+        xs = jax.tree.map(lambda x: strided_split(x, n_micro), (batch, w, counts))
         if mesh is not None:
             xs = jax.tree.map(lambda x: _constrain_batch(x, mesh, axis=1), xs)
 
         def body(acc, x):
             if mesh is not None:
                 x = jax.tree.map(lambda y: _constrain_batch(y, mesh, axis=0), x)
-            (_, (aux, prio)), g = grad_fn(params, x[0], x[1])
+            (_, (aux, prio)), g = grad_fn(params, *x)
             return jax.tree.map(jnp.add, acc, g), (aux, prio)
 
         gsum, (aux, prio) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), xs)
         aux = jax.tree.map(jnp.mean, aux)
         return jax.tree.map(lambda g: g / n_micro, gsum), aux, (None if prio is None else strided_merge(prio))
 
-    def update(params, opts, scales, items, w):
-        g, aux, prio = grads(params, items, w)
+    def update(params, opts, scales, batch, w, counts):
+        g, aux, prio = grads(params, batch, w, counts)
         new_p, new_o, norms = [], [], []
         for p, o, gi, tx, sc in zip(params, opts, g, txs, scales):
             norms.append(optax.global_norm(gi))
@@ -317,7 +319,7 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     return update
 
 
-def run_epochs(update: Callable, epochs: int, params, opts, scales, items, w):
+def run_epochs(update: Callable, epochs: int, params, opts, scales, batch, w, counts=None):
     """``epochs`` consecutive ``update`` calls on the same minibatch (``lax.scan``, static count).
 
     Returns ``(params, opts, aux, priority, grad_norms, finite)``: metrics and gradient norms are
@@ -329,11 +331,11 @@ def run_epochs(update: Callable, epochs: int, params, opts, scales, items, w):
             jnp.logical_and, [jnp.all(jnp.isfinite(n)) for n in norms])
 
     if epochs == 1:
-        p, o, aux, prio, norms = update(params, opts, scales, items, w)
+        p, o, aux, prio, norms = update(params, opts, scales, batch, w, counts)
         return p, o, aux, prio, norms, ok(aux, norms)
 
     def body(carry, _):
-        p, o, aux, prio, norms = update(*carry, scales, items, w)
+        p, o, aux, prio, norms = update(*carry, scales, batch, w, counts)
         return (p, o), (aux, prio, norms)
 
     (p, o), (aux, prio, norms) = jax.lax.scan(body, (params, opts), None, length=epochs)
@@ -376,15 +378,17 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         k_sample, k_pf = jax.random.split(key)
         beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if prioritized else jnp.float32(0.0)
         smp = replay_lib.sample(state.replay, k_sample, B, beta=beta)
-        items, idx = dict(smp.items), smp.indices
+        batch: BufferItem = smp.items
+        idx = smp.indices
         if prioritized:
-            w = filtered_weights(state.replay, smp, state.replay.storage["filter_w"], beta)
+            w = filtered_weights(state.replay, smp, state.replay.storage.data.filter_w, beta)
         else:
             w = jnp.ones_like(smp.weights)
+        counts = None
         if pf.reweight:     # verl's resample, as per-row counts (module docstring, item 1)
-            sel = replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(items["score"], pf.reweight_method,
+            sel = replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(batch.data.score, pf.reweight_method,
                                                                              pf.weight_pow))
-            items["pf_count"] = jnp.zeros((B,), jnp.float32).at[sel].add(1.0)
+            counts = jnp.zeros((B,), jnp.float32).at[sel].add(1.0)
         lrs = {"actor": actor_lr(state.step), "critic": critic_lr(state.step)}
 
         new_fields, metrics, finite, prio, loss = {}, {}, jnp.bool_(True), None, jnp.float32(0.0)
@@ -392,7 +396,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             params = tuple(getattr(state, f) for f in ph.fields)
             opts = tuple(set_learning_rate(getattr(state, opt_field[f]), lrs[f]) for f in ph.fields)
             scales = tuple(state.lr_scale if f == "actor" else None for f in ph.fields)
-            p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, scales, items, w)
+            p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, scales, batch, w, counts)
             for f, pi, oi, n in zip(ph.fields, p, o, norms):
                 new_fields[f], new_fields[opt_field[f]] = pi, oi
                 metrics[_GRAD_NORM_KEYS[f]] = n
@@ -406,7 +410,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         rs = state.replay
         if prioritized:
             if td_priority:    # fresh |δ| of every sampled slot; other priorities only change at a refresh
-                rs = replay_lib.set_priorities(rs, idx, filtered_stored_priority(rs, prio, items["filter_w"]),
+                rs = replay_lib.set_priorities(rs, idx, filtered_stored_priority(rs, prio, batch.data.filter_w),
                                                refresh=False)
             rs = replay_lib.record_sample(rs, idx)    # staleness decay (replay.decay), one count per draw
         kl_coef = state.kl_coef

@@ -41,16 +41,17 @@ def test_critic_free_estimator_trains_without_a_critic(make_cfg, tmp_path, estim
 
     run = build_run(make_cfg(f"algorithm.adv_estimator={estimator}"), devices=jax.devices()[:1])
     assert run.state.critic is None and run.state.critic_opt is None and run.critic_gd is None
-    assert "values" not in run.state.replay.storage
+    assert run.state.replay.storage.prepared.values is None
     assert run.hparams.replay.priority == "abs_advantage"
     state = run.prepare(run.state)
     st = jax.device_get(state.replay.storage)
-    m = st["response_mask"].astype(np.float64)
-    valid = st["filter_w"] > 0
+    d, adv = st.data, st.prepared.advantages
+    m = d.response_mask.astype(np.float64)
+    valid = d.filter_w > 0
     if estimator == "grpo":
-        want = _numpy_grpo(st["score"][valid], st["group_id"][valid], m[valid])
-        np.testing.assert_allclose(st["advantages"][valid], want, rtol=1e-4, atol=1e-5)
-    p_abs = np.abs(st["advantages"]).sum(-1) / np.maximum(m.sum(-1), 1)
+        want = _numpy_grpo(d.score[valid], d.group_id[valid], m[valid])
+        np.testing.assert_allclose(adv[valid], want, rtol=1e-4, atol=1e-5)
+    p_abs = np.abs(adv).sum(-1) / np.maximum(m.sum(-1), 1)
     rc = run.cfg.replay
     prio = np.asarray(state.replay.priorities)[:run.capacity]
     np.testing.assert_allclose(prio[valid], (p_abs[valid] + rc.eps) ** rc.alpha,
@@ -76,13 +77,13 @@ def test_critic_free_estimator_trains_without_a_critic(make_cfg, tmp_path, estim
 
 def _mean_logp(run, params, rows):
     """Per-row mean response log-prob of the training rows ``rows`` under ``params``."""
+    from jaxppo.trainer.batch import Tokens
     from jaxppo.trainer.forward import logp_entropy, response_logits
 
-    items = {k: jnp.asarray(run.train[k][rows]) for k in ("prompt_ids", "prompt_mask", "response_ids",
-                                                            "response_mask")}
-    logp, _ = logp_entropy(response_logits(run.actor_gd, params, items), items["response_ids"],
-                           items["response_mask"])
-    m = np.asarray(items["response_mask"], np.float64)
+    tok = Tokens(**{k: jnp.asarray(run.train[k][rows]) for k in ("prompt_ids", "prompt_mask", "response_ids",
+                                                                  "response_mask")})
+    logp, _ = logp_entropy(response_logits(run.actor_gd, params, tok), tok.response_ids, tok.response_mask)
+    m = np.asarray(tok.response_mask, np.float64)
     return np.asarray(logp, np.float64).sum(-1) / np.maximum(m.sum(-1), 1)
 
 

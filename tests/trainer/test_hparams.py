@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from jaxppo import ops
 from jaxppo.config import ConfigError, load_config
 from jaxppo.trainer.hparams import step_hparams
+from tests.trainer._batch import as_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -131,7 +132,7 @@ def test_actor_terms_match_numpy(jit):
     items, logits, w = _batch(0)
     fn = functools.partial(actor_terms, hp)
     fn = jax.jit(fn) if jit else fn
-    total, aux = fn(logits, items, w)
+    total, aux = fn(logits, as_batch(items), w)
     want, pg, h = _np_actor(logits, items, w, ent_coef=0.01, kl_coef=0.05)
     np.testing.assert_allclose(float(aux["actor/pg_loss"]), pg, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(aux["actor/entropy"]), h, rtol=1e-5)
@@ -146,7 +147,7 @@ def test_property_actor_terms_match_numpy(seed, clip):
 
     hp = _hp(f"actor.clip_ratio={clip}", "actor.kl_loss_coef=0.0")
     items, logits, w = _batch(seed)
-    total, _ = jax.jit(functools.partial(actor_terms, hp))(logits, items, w)
+    total, _ = jax.jit(functools.partial(actor_terms, hp))(logits, as_batch(items), w)
     want, _, _ = _np_actor(logits, items, w, clip=clip, kl_coef=0.0)
     np.testing.assert_allclose(float(total), want, rtol=2e-5, atol=1e-6)
 
@@ -161,7 +162,7 @@ def test_actor_terms_hand_case():
     items = {"response_ids": jnp.zeros((1, 1), jnp.int32), "response_mask": jnp.ones((1, 1), jnp.int32),
              "prox_logp": jnp.full((1, 1), h), "behaviour_logprobs": jnp.full((1, 1), h),
              "ref_logp": jnp.full((1, 1), h), "advantages": jnp.ones((1, 1)), "score": jnp.ones((1,))}
-    total, aux = actor_terms(hp, jnp.zeros((1, 1, 2)), items, jnp.ones(1))
+    total, aux = actor_terms(hp, jnp.zeros((1, 1, 2)), as_batch(items), jnp.ones(1))
     assert float(aux["actor/pg_loss"]) == pytest.approx(-1.0, abs=1e-6)
     assert float(total) == pytest.approx(-1.0 - 0.1 * np.log(2), abs=1e-6)
 
@@ -176,7 +177,7 @@ def test_critic_terms_match_numpy(jit):
     values = jnp.asarray(np.random.default_rng(5).normal(size=(4, 6)), jnp.float32)
     fn = functools.partial(critic_terms, hp)
     fn = jax.jit(fn) if jit else fn
-    vf, aux, prio = fn(values, items, w)
+    vf, aux, prio = fn(values, as_batch(items), w)
     m = np.asarray(items["response_mask"], np.float64)
     v = np.asarray(values, np.float64) * m
     old, ret, rew = (np.asarray(items[k], np.float64) for k in ("values", "returns", "token_rewards"))
@@ -192,6 +193,6 @@ def test_critic_free_metrics_have_no_critic_prefix():
     from jaxppo.trainer.steps import actor_terms
 
     items, logits, w = _batch(2)
-    _, aux = actor_terms(_hp("algorithm.adv_estimator=grpo"), logits, items, w)
+    _, aux = actor_terms(_hp("algorithm.adv_estimator=grpo"), logits, as_batch(items), w)
     assert not [k for k in aux if k.startswith("critic/")]
     assert float(aux["data/score/mean"]) == pytest.approx(float(jnp.mean(items["score"])))

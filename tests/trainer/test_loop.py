@@ -71,8 +71,8 @@ def test_nan_updates_skipped_counted_and_rolled_back(make_cfg, tmp_path):
 
     cfg = make_cfg("guards.max_nan_steps=3", "data.eval_fraction=0")  # no held-out evaluation needed here
     run = build_run(cfg, devices=jax.devices()[:1])
-    st = dict(run.state.replay.storage)
-    st["score"] = st["score"].at[:].set(jnp.nan)  # every token reward, advantage and loss becomes NaN
+    st = run.state.replay.storage                 # every token reward, advantage and loss becomes NaN
+    st = st.replace(data=st.data.replace(score=st.data.score.at[:].set(jnp.nan)))
     run = dataclasses.replace(run, state=run.state.replace(replay=run.state.replay.replace(storage=st)))
     initial = jax.tree.map(np.asarray, run.ref_params)
     summary, final_state = fit(cfg, run=run)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
+from tests.trainer._batch import as_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -192,7 +193,7 @@ def test_algorithm_kl_is_the_current_policy_kl(jit):
     items["prox_logp"] = items["ref_logp"]            # the old metric would be exactly 0
     fn = functools.partial(actor_terms, cfg)
     fn = jax.jit(fn) if jit else fn
-    _, aux = fn(logits, items, jnp.ones(4))
+    _, aux = fn(logits, as_batch(items), jnp.ones(4))
     lg = np.asarray(logits, np.float64)
     logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
     logp = np.take_along_axis(logp, np.asarray(items["response_ids"])[..., None], -1)[..., 0]
@@ -208,7 +209,7 @@ def test_is_metrics_describe_the_applied_weights(enabled):
 
     cfg = _cfg(f"importance.enabled={str(enabled).lower()}", "importance.threshold=1.5")
     items, logits = _items(seed=1)
-    _, aux = jax.jit(functools.partial(actor_terms, cfg))(logits, items, jnp.ones(4))
+    _, aux = jax.jit(functools.partial(actor_terms, cfg))(logits, as_batch(items), jnp.ones(4))
     would, met = ops.importance_weights(items["prox_logp"], items["behaviour_logprobs"], items["response_mask"],
                                         level="token", mode="truncate", threshold=1.5)
     assert float(met["clipped_frac"]) > 0 and float(met["weight_mean"]) != pytest.approx(1.0)
@@ -227,7 +228,7 @@ def test_is_metrics_describe_the_applied_weights(enabled):
 @pytest.mark.parametrize("jit", [False, True])
 def test_resample_counts_equal_the_resampled_batch(agg, jit):
     """The batch-level PF resample as counts: actor and critic losses (and gradients) on the distinct rows
-    with ``pf_count`` equal those on the gathered resampled batch."""
+    with their resample ``counts`` equal those on the gathered resampled batch."""
     from jaxppo.trainer.steps import actor_terms, critic_terms
 
     cfg = _cfg(f"actor.loss_agg_mode={agg}", f"critic.loss_agg_mode={agg}", "actor.entropy_coeff=0.01")
@@ -239,24 +240,25 @@ def test_resample_counts_equal_the_resampled_batch(agg, jit):
     values = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
     w = jnp.asarray([0.3, 1.0, 0.7, 0.5], jnp.float32)
     sel = np.array([2, 0, 2, 2])                         # row 1 and 3 dropped, row 2 three times
-    gathered = {k: x[sel] for k, x in items.items()}
-    counted = dict(items, pf_count=jnp.asarray(np.bincount(sel, minlength=4), jnp.float32))
+    gathered = as_batch({k: x[sel] for k, x in items.items()})
+    distinct = as_batch(items)
+    counts = jnp.asarray(np.bincount(sel, minlength=4), jnp.float32)
 
-    def actor(lg, it, ww):
-        return actor_terms(cfg, lg, it, ww)[0]
+    def actor(lg, it, ww, c=None):
+        return actor_terms(cfg, lg, it, ww, c)[0]
 
-    def critic(vv, it, ww):
-        return critic_terms(cfg, vv, it, ww)[0]
+    def critic(vv, it, ww, c=None):
+        return critic_terms(cfg, vv, it, ww, c)[0]
 
     grad = (lambda f: jax.jit(jax.value_and_grad(f))) if jit else jax.value_and_grad
     la, ga = grad(actor)(logits[sel], gathered, w[sel])
-    lb, gb = grad(actor)(logits, counted, w)
+    lb, gb = grad(actor)(logits, distinct, w, counts)
     assert float(la) == pytest.approx(float(lb), rel=1e-5)
     for i in range(4):      # gradient wrt a row's logits = its count × the gathered copies' gradient
         want = np.asarray(ga)[sel == i].sum(0) if (sel == i).any() else np.zeros_like(np.asarray(gb)[i])
         np.testing.assert_allclose(np.asarray(gb)[i], want, rtol=1e-4, atol=1e-7)
     lc, _ = grad(critic)(values[sel], gathered, w[sel])
-    ld, _ = grad(critic)(values, counted, w)
+    ld, _ = grad(critic)(values, distinct, w, counts)
     assert float(lc) == pytest.approx(float(ld), rel=1e-5)
 
 

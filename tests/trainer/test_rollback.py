@@ -51,7 +51,7 @@ def test_rollback_restores_newest_verified_checkpoint_and_its_data_cursor(make_c
     # window 1 (steps 6..10) starts at row 32; at step 12 the loop was in window 2 (row 64)
     assert int(good.data_cursor) == 32 == restored["data_cursor"]
     assert int(final.data_cursor) == 32
-    np.testing.assert_array_equal(np.asarray(final.replay.storage["row"]), np.asarray(good.replay.storage["row"]))
+    np.testing.assert_array_equal(np.asarray(final.replay.storage.data.row), np.asarray(good.replay.storage.data.row))
     for a, b in zip(jax.tree.leaves(final.actor), jax.tree.leaves(good.actor)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert int(final.step) == 12           # the step counter is kept

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from jaxppo.config import load_config
 from jaxppo.trainer.hparams import step_hparams
+from tests.trainer._batch import as_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -44,7 +45,7 @@ def _loss_and_grad(hp, logits, items, w, jit):
     from jaxppo.trainer.steps import actor_terms
 
     fn = jax.value_and_grad(lambda lg, it, ww: actor_terms(hp, lg, it, ww)[0])
-    return (jax.jit(fn) if jit else fn)(logits, items, w)
+    return (jax.jit(fn) if jit else fn)(logits, as_batch(items), w)
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -95,7 +96,7 @@ def test_rejection_mask_removes_tokens_from_the_loss(jit):
     assert np.abs(np.asarray(g_rs)[~keep]).max() == 0.0 and np.abs(np.asarray(g_rs)[keep]).max() > 0
     from jaxppo.trainer.steps import actor_terms
 
-    _, aux = actor_terms(rs, logits, items, w)
+    _, aux = actor_terms(rs, logits, as_batch(items), w)
     assert float(aux["rollout_corr/rollout_rs_masked_fraction"]) == pytest.approx((m & ~keep).sum() / m.sum(),
                                                                                   rel=1e-5)
 
@@ -107,14 +108,14 @@ def test_rollout_corr_metrics_hand_values():
 
     items, logits, w = _batch(2)
     hp = _hp("importance.enabled=false", f"{RC}rollout_is=token", f"{RC}rollout_is_threshold=2.0")
-    _, aux = jax.jit(functools.partial(actor_terms, hp))(logits, items, w)
+    _, aux = jax.jit(functools.partial(actor_terms, hp))(logits, as_batch(items), w)
     m = np.asarray(items["response_mask"], np.float64)
     lr = np.asarray(items["prox_logp"] - items["behaviour_logprobs"], np.float64)
     mean = lambda x: (x * m).sum() / m.sum()  # noqa: E731
     assert float(aux["rollout_corr/kl"]) == pytest.approx(mean(-lr), rel=1e-4)
     assert float(aux["rollout_corr/chi2_token"]) == pytest.approx(mean(np.exp(2 * lr)) - 1, rel=1e-4)
     assert float(aux["rollout_corr/rollout_is_mean"]) == pytest.approx(mean(np.exp(lr)), rel=1e-4)
-    _, aux = actor_terms(_hp(), logits, items, w)
+    _, aux = actor_terms(_hp(), logits, as_batch(items), w)
     assert not [k for k in aux if k.startswith("rollout_corr/")]
 
 

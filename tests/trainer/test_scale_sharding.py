@@ -146,13 +146,14 @@ def test_micro_batches_and_prepare_chunks_spread_over_devices_and_match_one_devi
     s1, s8 = r1.prepare(r1.state), r8.prepare(r8.state)
 
     def perturb(state):  # row-dependent token rewards: the step's fresh |delta| differ from prepare's, row by row
-        st = dict(state.replay.storage)
-        r = st["token_rewards"]
-        bump = 0.05 * jnp.arange(r.shape[0], dtype=jnp.float32)[:, None] * st["response_mask"].astype(jnp.float32)
-        st["token_rewards"] = jax.device_put(r + bump, r.sharding)
+        st = state.replay.storage
+        r = st.prepared.token_rewards
+        bump = 0.05 * jnp.arange(r.shape[0], dtype=jnp.float32)[:, None] * st.data.response_mask.astype(jnp.float32)
+        st = st.replace(prepared=st.prepared.replace(token_rewards=jax.device_put(r + bump, r.sharding)))
         return state.replace(replay=state.replay.replace(storage=st))
     for k in ("prox_logp", "values", "advantages", "returns"):
-        np.testing.assert_allclose(np.asarray(s8.replay.storage[k]), np.asarray(s1.replay.storage[k]),
+        np.testing.assert_allclose(np.asarray(getattr(s8.replay.storage.prepared, k)),
+                                   np.asarray(getattr(s1.replay.storage.prepared, k)),
                                    rtol=1e-4, atol=2e-5, err_msg=k)
     np.testing.assert_allclose(np.asarray(s8.replay.priorities), np.asarray(s1.replay.priorities), rtol=1e-4,
                                atol=1e-6)

@@ -45,8 +45,8 @@ def test_no_recompilation_and_determinism(make_cfg):
 def test_nan_update_is_skipped_in_graph(make_cfg):
     run = build_run(make_cfg(), devices=jax.devices()[:1])
     state = run.prepare(run.state)
-    st = dict(state.replay.storage)
-    st["advantages"] = jnp.full_like(st["advantages"], jnp.nan)
+    st = state.replay.storage
+    st = st.replace(prepared=st.prepared.replace(advantages=jnp.full_like(st.prepared.advantages, jnp.nan)))
     state = state.replace(replay=state.replay.replace(storage=st))
     before = jax.tree.map(lambda x: np.asarray(x).copy(), (state.actor, state.critic, state.actor_opt,
                                                            state.replay.priorities))
@@ -64,7 +64,7 @@ def test_one_and_eight_devices_agree(make_cfg):
     _, m1 = _run_steps(r1, 3)
     # data parallel x FSDP on 8 devices: batch split over (data, fsdp), parameters sharded over fsdp
     r8 = build_run(make_cfg("mesh.data=2", "mesh.fsdp=4"), devices=jax.devices()[:8])
-    assert r8.state.replay.storage["response_ids"].sharding.spec[0] == ("data", "fsdp")
+    assert r8.state.replay.storage.data.response_ids.sharding.spec[0] == ("data", "fsdp")
     _, m8 = _run_steps(r8, 3)
     for a, b in zip(m1, m8):
         for k in a:
@@ -80,7 +80,7 @@ def test_ablation_switches_run_and_behave(make_cfg):
                    "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.norm_adv=false")
     run = build_run(cfg, devices=jax.devices()[:1])
     # best-of-n keeps one trajectory per prompt group: the others never get sampled
-    fw = np.asarray(run.state.replay.storage["filter_w"])
+    fw = np.asarray(run.state.replay.storage.data.filter_w)
     groups = run.train["group_id"]
     assert fw[: len(groups)].sum() == len(np.unique(groups))
     state, ms = _run_steps(run, 3)
@@ -145,20 +145,20 @@ def test_dataset_larger_than_buffer_moves_window_by_window(make_cfg):
         assert len(w) <= 50
         assert not set(gid[w]) & set(np.delete(gid, w)), "a prompt group is split between windows"
     assert len(ws[0]) == 48
-    np.testing.assert_array_equal(np.asarray(run.state.replay.storage["row"])[:48], np.arange(48))
+    np.testing.assert_array_equal(np.asarray(run.state.replay.storage.data.row)[:48], np.arange(48))
     state = run.prepare(run.state)
     state, _ = run.step(state)
     for k in (1, 2, len(ws)):      # window len(ws) is window 0 again
         state = run.prepare(load_window(run, state, k))
         rows = ws[k % len(ws)]
         n = len(rows)
-        st = jax.device_get(state.replay.storage)
+        st = jax.device_get(state.replay.storage.data)
         assert int(state.data_cursor) == rows[0]
-        np.testing.assert_array_equal(st["row"][:n], rows)
-        np.testing.assert_array_equal(st["response_ids"][:n], run.train["response_ids"][rows])
-        np.testing.assert_array_equal(st["ref_logp"][:n], run.train["ref_logp"][rows])
-        assert (st["filter_w"][n:] == 0).all() and (np.asarray(state.replay.priorities)[n:] == 0).all()
-        assert len(set(st["group_id"][n:])) == run.capacity - n and (st["group_id"][n:] < gid.min()).all()
+        np.testing.assert_array_equal(st.row[:n], rows)
+        np.testing.assert_array_equal(st.response_ids[:n], run.train["response_ids"][rows])
+        np.testing.assert_array_equal(st.ref_logp[:n], run.train["ref_logp"][rows])
+        assert (st.filter_w[n:] == 0).all() and (np.asarray(state.replay.priorities)[n:] == 0).all()
+        assert len(set(st.group_id[n:])) == run.capacity - n and (st.group_id[n:] < gid.min()).all()
         assert (np.asarray(state.replay.priorities)[:n] > 0).all()
         state, m = run.step(state)
         assert m["train/nan_skipped"] == 0.0
@@ -217,15 +217,18 @@ def test_lr_follows_the_train_step_not_the_update_count(make_cfg):
     # is still the reference (actor warm-up: LR 0 at step 0), then it grows as the policy moves
     assert abs(kls[0]) < 1e-5 and abs(kls[5]) > 10 * max(abs(kls[0]), 1e-7) and kls[5] != kls[4]
 
-    adv = state.replay.storage["advantages"]
+    def with_advantages(state, a):
+        st = state.replay.storage
+        return state.replace(replay=state.replay.replace(storage=st.replace(prepared=st.prepared.replace(
+            advantages=a))))
+
+    adv = state.replay.storage.prepared.advantages
     good, sharding = np.asarray(adv).copy(), adv.sharding
     opt_before = jax.tree.map(lambda x: np.asarray(x).copy(), state.critic_opt)
-    st = dict(state.replay.storage, advantages=jnp.full_like(adv, jnp.nan))
-    state, m = run.step(state.replace(replay=state.replay.replace(storage=st)))
+    state, m = run.step(with_advantages(state, jnp.full_like(adv, jnp.nan)))
     assert m["train/nan_skipped"] == 1.0 and int(state.step) == 7
     assert _leaves_equal(opt_before, state.critic_opt)              # old LR and moments kept
-    st = dict(state.replay.storage, advantages=jax.device_put(good, sharding))   # (the step donates its input)
-    state, m = run.step(state.replace(replay=state.replay.replace(storage=st)))
+    state, m = run.step(with_advantages(state, jax.device_put(good, sharding)))   # (the step donates its input)
     assert m["train/nan_skipped"] == 0.0
     assert float(learning_rate_of(state.critic_opt)) == pytest.approx(float(c_lr(7)), rel=1e-6)
     assert float(m["critic/lr"]) == pytest.approx(float(c_lr(7)), rel=1e-6)
@@ -243,7 +246,7 @@ def test_pf_weights_and_every_sampled_priority_are_fresh(make_cfg):
                    "pf_ppo.reweight_method=max_min", "critic.ppo_epochs=1")
     run = build_run(cfg, devices=jax.devices()[:1])
     state = run.prepare(run.state)
-    fw = np.asarray(state.replay.storage["filter_w"])
+    fw = np.asarray(state.replay.storage.data.filter_w)
     assert len(np.unique(fw[fw > 0])) > 3                         # a real pow weighting
     state, _ = run.step(state)                                     # move the critic away from prepare's values
     host = jax.device_get(state)
@@ -253,18 +256,18 @@ def test_pf_weights_and_every_sampled_priority_are_fresh(make_cfg):
     beta = replay_lib.linear_beta(host.step, rc.beta0, cfg.trainer.total_steps)
     smp = replay_lib.sample(state.replay, k_sample, B, beta=beta)
     idx = np.asarray(smp.indices)
-    sel = np.asarray(replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(smp.items["score"], "max_min", 1.0)))
+    sel = np.asarray(replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(smp.items.data.score, "max_min", 1.0)))
     assert set(idx.tolist()) - set(idx[sel].tolist()), "the resample dropped no slot: the test would be vacuous"
-    w = np.asarray(filtered_weights(state.replay, smp, state.replay.storage["filter_w"], beta))
+    w = np.asarray(filtered_weights(state.replay, smp, state.replay.storage.data.filter_w, beta))
     assert not np.allclose(w, np.asarray(smp.weights))            # the filter factor is not corrected away
-    values = np.asarray(response_values(run.critic_gd, state.critic, smp.items), np.float64)
+    values = np.asarray(response_values(run.critic_gd, state.critic, smp.items.data), np.float64)
     it = jax.device_get(smp.items)
-    m = it["response_mask"].astype(np.float64)
+    m = it.data.response_mask.astype(np.float64)
     v = values * m
     nxt = np.concatenate([v[:, 1:], np.zeros((B, 1))], axis=1)
-    delta = (it["token_rewards"] + cfg.algorithm.gamma * nxt - v) * m
+    delta = (it.prepared.token_rewards + cfg.algorithm.gamma * nxt - v) * m
     p = np.abs(delta).sum(-1) / np.maximum(m.sum(-1), 1)
-    want = it["filter_w"] * (p + rc.eps) ** rc.alpha
+    want = it.data.filter_w * (p + rc.eps) ** rc.alpha
     old = np.asarray(state.replay.priorities)[idx]
 
     state, met = run.step(state)
