@@ -52,9 +52,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.ops._checks import check_choice, check_floating, check_ndim, check_same_shape, compute_dtype, is_concrete
+from jaxppo.ops.constants import LOG_RATIO_CLAMP
 
-#: clamp of log-ratios (and of their sequence sums) before ``exp``, as verl's ``SAFETY_BOUND``
-SAFETY_BOUND = 20.0
+#: clamp of log-ratios (and of their sequence sums) before ``exp``: verl's ``SAFETY_BOUND``, our one constant
+SAFETY_BOUND = LOG_RATIO_CLAMP
 IS_LEVELS = ("token", "sequence")
 RS_CRITERIA = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
                "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import parameterized
 
-from jaxppo.ops import constants, importance, kl, losses
+from jaxppo.ops import constants, importance, kl, losses, rollout_correction
 from jaxppo.ops.importance import importance_weights
 from jaxppo.ops.kl import kl_penalty
 from jaxppo.ops.losses import policy_loss
@@ -24,6 +24,9 @@ def test_defined_once_and_imported():
         assert mod.LOG_RATIO_CLAMP is constants.LOG_RATIO_CLAMP, mod.__name__
         assert not re.search(r"^LOG_RATIO_CLAMP\s*=", inspect.getsource(mod), re.M), \
             f"{mod.__name__} defines its own LOG_RATIO_CLAMP"
+    # verl's name for the same bound in the rollout-correction ops is an alias, not a fourth definition
+    assert rollout_correction.SAFETY_BOUND is constants.LOG_RATIO_CLAMP
+    assert not re.search(r"^SAFETY_BOUND\s*=\s*[0-9]", inspect.getsource(rollout_correction), re.M)
 
 
 class ClampTest(parameterized.TestCase):
