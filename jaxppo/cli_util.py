@@ -9,9 +9,6 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-# model paths are library logic (jaxppo.hf.paths); re-exported here only until every caller imports them from there
-from jaxppo.hf.paths import MODEL_ALIASES, resolve_model_path, tokenizer_path  # noqa: F401,E402
-
 
 def parse_config_args(prog: str, description: str, argv: Sequence[str] | None, *, commands: Sequence[str] = ()):
     """Parse ``[command] --config FILE [dotted.key=value ...]`` and load the config.

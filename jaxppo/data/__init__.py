@@ -36,14 +36,14 @@ from jaxppo.data.loading import read_json_strict, read_records
 from jaxppo.data.pipeline import LoadedRows, load_rows, rows_from_records, split_by_group, tokenize_rows
 from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
-from jaxppo.data.tokenize import bucket_lengths, bucketize, tokenize_preference, tokenize_scored
+from jaxppo.data.tokenize import tokenize_preference, tokenize_scored
 from jaxppo.data.validation import require_rows, validate_preference, validate_scored
 
 __all__ = [
     "SKIP_REASONS", "Conversation", "DataError", "DataReport", "LoadedRows", "Message", "PreferencePair", "RowSkip",
     "ScoredTrajectory", "apply_chat_template_file", "render", "render_prompt",
-    "bucket_lengths", "compute_behaviour_logprobs", "fill_behaviour_logprobs", "load_scored_arrays",
-    "response_logprobs", "bucketize", "load_rows", "read_json_strict", "read_records", "require_rows",
+    "compute_behaviour_logprobs", "fill_behaviour_logprobs", "load_scored_arrays",
+    "response_logprobs", "load_rows", "read_json_strict", "read_records", "require_rows",
     "rows_from_records", "split_by_group", "split_dialogue", "split_pair", "tokenize_preference",
     "tokenize_rows", "tokenize_scored", "validate_preference", "validate_scored",
 ]

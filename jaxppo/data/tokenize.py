@@ -16,7 +16,6 @@ Truncation policy ``data.truncation`` for a text longer than its budget:
 - ``"error"``: the first row that does not fit raises :class:`DataError`.
 
 Every truncation is counted in the :class:`DataReport` (``truncated`` and ``tokens_dropped``).
-:func:`bucketize` splits fixed-shape arrays into a few smaller static shapes.
 
 Conversational rows (prompt and responses as chat messages) are rendered by the tokenizer's chat
 template first (:func:`jaxppo.data.conversation.render`: prompt with the generation prompt, response
@@ -26,8 +25,7 @@ tokens; a row that cannot be rendered is skipped with its reason (e.g. ``templat
 
 from __future__ import annotations
 
-import math
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
@@ -294,71 +292,3 @@ def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_
     return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "chosen_ids": chosen_ids,
             "chosen_mask": chosen_mask, "rejected_ids": rejected_ids, "rejected_mask": rejected_mask,
             "index": np.array([x.index for x in kept], dtype=np.int32)}
-
-
-# ----------------------------------------------------------------------------- bucketing
-
-def bucket_lengths(max_len: int, n_buckets: int, multiple_of: int = 8) -> tuple[int, ...]:
-    """Up to ``n_buckets`` increasing lengths ending at ``max_len``: ``ceil(max_len·k/n)`` rounded
-    up to a multiple of ``multiple_of`` (capped at ``max_len``), duplicates removed."""
-    if n_buckets < 1 or max_len < 1 or multiple_of < 1:
-        raise ValueError(f"need n_buckets, max_len, multiple_of >= 1, got {n_buckets}, {max_len}, {multiple_of}")
-    out = set()
-    for k in range(1, n_buckets + 1):
-        L = math.ceil(max_len * k / n_buckets)
-        out.add(min(max_len, multiple_of * math.ceil(L / multiple_of)))
-    return tuple(sorted(out))
-
-
-SCORED_PROMPT_KEYS = ("prompt_ids", "prompt_mask")
-SCORED_RESPONSE_KEYS = ("response_ids", "response_mask", "behaviour_logprobs")
-PREFERENCE_RESPONSE_KEYS = ("chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask")
-
-
-def bucketize(arrays: Mapping[str, np.ndarray], *, n_buckets: int, multiple_of: int = 8,
-              prompt_keys: Sequence[str] = SCORED_PROMPT_KEYS,
-              response_keys: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
-    """Split fixed-shape arrays into groups of a few static shapes.
-
-    Each row goes to the smallest (prompt, response) bucket pair from :func:`bucket_lengths` that
-    holds its real tokens; prompt arrays keep their last ``Pb`` columns (they are left padded),
-    response arrays their first ``Rb`` columns (right padded), other arrays are indexed by row.
-    Every group has a ``row`` entry: its row numbers in ``arrays``. No real token is dropped.
-    """
-    if response_keys is None:
-        response_keys = PREFERENCE_RESPONSE_KEYS if "chosen_ids" in arrays else SCORED_RESPONSE_KEYS
-    response_keys = [k for k in response_keys if k in arrays]
-    masks = [k for k in response_keys if k.endswith("_mask")]
-    if "prompt_mask" not in arrays or not masks:
-        raise KeyError(f"bucketize needs prompt_mask and a response mask among {sorted(arrays)}")
-    P = arrays["prompt_mask"].shape[1]
-    R = arrays[masks[0]].shape[1]
-    p_len = arrays["prompt_mask"].sum(axis=1)
-    r_len = np.max(np.stack([_right_extent(arrays[m]) for m in masks]), axis=0)
-    pb, rb = np.array(bucket_lengths(P, n_buckets, multiple_of)), np.array(bucket_lengths(R, n_buckets, multiple_of))
-    p_idx = np.searchsorted(pb, p_len, side="left")
-    r_idx = np.searchsorted(rb, r_len, side="left")
-    groups = []
-    for a in range(len(pb)):
-        for b in range(len(rb)):
-            rows = np.nonzero((p_idx == a) & (r_idx == b))[0]
-            if rows.size == 0:
-                continue
-            g = {}
-            for k, v in arrays.items():
-                if k in prompt_keys:
-                    g[k] = v[rows, P - pb[a]:]
-                elif k in response_keys:
-                    g[k] = v[rows, : rb[b]]
-                else:
-                    g[k] = v[rows]
-            g["row"] = rows.astype(np.int32)
-            groups.append(g)
-    return groups
-
-
-def _right_extent(mask: np.ndarray) -> np.ndarray:
-    """Position after the last nonzero entry of each row (0 for an all-zero row)."""
-    nz = mask != 0
-    last = mask.shape[1] - np.argmax(nz[:, ::-1], axis=1)
-    return np.where(nz.any(axis=1), last, 0)

@@ -65,9 +65,6 @@ class Run:
         return nnx.merge(self.actor_gd, self.ref_params)
 
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
 def check_config(cfg: Any, n_devices: int) -> None:
     """Cross-section checks that need the device count; ConfigError naming the key."""
     m = cfg.mesh

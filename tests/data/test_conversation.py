@@ -283,7 +283,7 @@ def test_hh_explicit_and_implicit_forms_tokenize_to_the_chatml_of_the_raw_text(m
 
 @pytest.fixture(scope="module")
 def smollm2_tok():
-    from jaxppo.cli_util import resolve_model_path
+    from jaxppo.hf.paths import resolve_model_path
     from jaxppo.hf import load_tokenizer
 
     return load_tokenizer(resolve_model_path("smollm2"))

@@ -1,12 +1,9 @@
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from jaxppo.data.report import DataError, DataReport
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
-from jaxppo.data.tokenize import (bucket_lengths, bucketize, left_pad, right_pad, tokenize_preference,
-                                  tokenize_scored)
+from jaxppo.data.tokenize import left_pad, right_pad, tokenize_preference, tokenize_scored
 
 
 def row(prompt, response, score=1.0, i=0, **kw):
@@ -117,35 +114,3 @@ def test_pads_reject_long_sequences():
         right_pad([[1, 2, 3]], 2, 0)
 
 
-def test_bucket_lengths_by_hand():
-    assert bucket_lengths(64, 4) == (16, 32, 48, 64)
-    assert bucket_lengths(64, 1) == (64,)
-    assert bucket_lengths(10, 3) == (8, 10)  # 4->8, 7->8, 10 (capped at the maximum)
-    assert bucket_lengths(5, 4, multiple_of=1) == (2, 3, 4, 5)
-    with pytest.raises(ValueError):
-        bucket_lengths(8, 0)
-
-
-@given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 10)), min_size=1, max_size=30), st.integers(1, 4))
-def test_bucketize_loses_no_token_and_uses_few_shapes(lengths, n_buckets):
-    P, R = 12, 10
-    prompts = [list(range(1, lp + 1)) for lp, _ in lengths]
-    resps = [list(range(100, 100 + lr)) for _, lr in lengths]
-    pi, pm = left_pad(prompts, P, 0)
-    ri, rm = right_pad(resps, R, 0)
-    lp_arr, _ = right_pad([[-0.5] * len(r) for r in resps], R, 0.0, np.float32)
-    arrays = {"prompt_ids": pi, "prompt_mask": pm, "response_ids": ri, "response_mask": rm,
-              "behaviour_logprobs": lp_arr, "score": np.arange(len(lengths), dtype=np.float32)}
-    groups = bucketize(arrays, n_buckets=n_buckets, multiple_of=2)
-    seen = np.concatenate([g["row"] for g in groups])
-    assert sorted(seen.tolist()) == list(range(len(lengths)))
-    shapes = {(g["prompt_ids"].shape[1], g["response_ids"].shape[1]) for g in groups}
-    assert len(shapes) <= n_buckets ** 2
-    for g in groups:
-        Pb, Rb = g["prompt_ids"].shape[1], g["response_ids"].shape[1]
-        assert Pb in bucket_lengths(P, n_buckets, 2) and Rb in bucket_lengths(R, n_buckets, 2)
-        for j, r in enumerate(g["row"]):
-            assert g["prompt_ids"][j][g["prompt_mask"][j] == 1].tolist() == prompts[r]
-            assert g["response_ids"][j][g["response_mask"][j] == 1].tolist() == resps[r]
-            assert g["behaviour_logprobs"][j].sum() == pytest.approx(-0.5 * len(resps[r]))
-            assert g["score"][j] == r
