@@ -54,23 +54,35 @@ def is_conversation(value: Any) -> bool:
     return isinstance(value, tuple) and all(isinstance(m, Message) for m in value)
 
 
-def _content(value: Any, where: str, max_chars: int) -> str:
+def check_str(value: Any, label: str, max_chars: int, *, allow_empty: bool = False,
+              type_reason: str = "not_a_string", show_value: bool = True) -> str:
+    """``value`` (a str, or UTF-8 bytes) as a usable text, or :class:`RowSkip` whose message starts with ``label``.
+
+    Reasons: ``invalid_utf8`` (bytes that do not decode, or a str with lone surrogates), ``type_reason``
+    (not a string; the message shows the value's start when ``show_value``), ``empty_text`` (empty or
+    whitespace, unless ``allow_empty``), ``text_too_long`` (more than ``max_chars`` characters).
+    """
     if isinstance(value, (bytes, bytearray)):
         try:
             value = bytes(value).decode("utf-8")
         except UnicodeDecodeError as e:
-            raise RowSkip("invalid_utf8", f"{where} content is not valid UTF-8 ({e})") from None
+            raise RowSkip("invalid_utf8", f"{label} is not valid UTF-8 ({e})") from None
     if not isinstance(value, str):
-        raise RowSkip("bad_message", f"{where} content must be a string, got {type(value).__name__}")
+        shown = f" {value!r:.40}" if show_value else ""
+        raise RowSkip(type_reason, f"{label} must be a string, got {type(value).__name__}{shown}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise RowSkip("invalid_utf8", f"{where} content is not valid UTF-8 ({e.reason} at {e.start})") from None
-    if not value.strip():
-        raise RowSkip("empty_text", f"{where} content is empty")
+        raise RowSkip("invalid_utf8", f"{label} is not valid UTF-8 ({e.reason} at {e.start})") from None
+    if not value.strip() and not allow_empty:
+        raise RowSkip("empty_text", f"{label} is empty")
     if len(value) > max_chars:
-        raise RowSkip("text_too_long", f"{where} content has {len(value)} characters > data.max_text_chars={max_chars}")
+        raise RowSkip("text_too_long", f"{label} has {len(value)} characters > data.max_text_chars={max_chars}")
     return value
+
+
+def _content(value: Any, where: str, max_chars: int) -> str:
+    return check_str(value, f"{where} content", max_chars, type_reason="bad_message", show_value=False)
 
 
 def parse_messages(value: Any, name: str, max_chars: int = 100_000) -> Conversation:

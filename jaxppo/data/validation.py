@@ -14,7 +14,7 @@ from typing import Any, Iterable, Literal, Mapping
 import numpy as np
 
 from jaxppo.data import hh
-from jaxppo.data.conversation import Text, as_response, check_prompt, parse_messages, split_implicit
+from jaxppo.data.conversation import Text, as_response, check_prompt, check_str, parse_messages, split_implicit
 from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory, check_columns, map_columns
 
@@ -31,22 +31,7 @@ def check_text(value: Any, name: str, max_chars: int, *, allow_empty: bool = Fal
     """
     if value is None:
         raise _Bad("missing_field", f"{name!r} is missing or null")
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            value = bytes(value).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise _Bad("invalid_utf8", f"{name!r} is not valid UTF-8 ({e})") from None
-    if not isinstance(value, str):
-        raise _Bad("not_a_string", f"{name!r} must be a string, got {type(value).__name__} {value!r:.40}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise _Bad("invalid_utf8", f"{name!r} is not valid UTF-8 ({e.reason} at {e.start})") from None
-    if not value.strip() and not allow_empty:
-        raise _Bad("empty_text", f"{name!r} is empty")
-    if len(value) > max_chars:
-        raise _Bad("text_too_long", f"{name!r} has {len(value)} characters > data.max_text_chars={max_chars}")
-    return value
+    return check_str(value, f"{name!r}", max_chars, allow_empty=allow_empty)
 
 
 def check_text_or_messages(value: Any, name: str, max_chars: int, *, allow_empty: bool = False) -> Text:
