@@ -74,20 +74,15 @@ class DPORun:
 
 def check_dpo_config(cfg: Any, n_devices: int) -> None:
     """Cross-section checks of a DPO run (ConfigError naming the key)."""
-    m = cfg.mesh
-    n = m.data * m.fsdp * m.tensor
-    if n != n_devices:
-        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
-                          f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
+    from jaxppo.trainer.setup import check_mesh
+
+    check_mesh(cfg.mesh, n_devices, cfg.dpo.micro_batch_size or cfg.dpo.batch_size,
+               "dpo.micro_batch_size (or dpo.batch_size)")
     if cfg.data.schema != "preference":
         raise ConfigError(f"data.schema: DPO trains on preference pairs, set data.schema=preference "
                           f"(got {cfg.data.schema!r})")
     if cfg.data.path is None:
         raise ConfigError("data.path is not set: give a preference-pair dataset (prompt/chosen/rejected or HH-RLHF)")
-    mb = cfg.dpo.micro_batch_size or cfg.dpo.batch_size
-    if mb % (m.data * m.fsdp):
-        raise ConfigError(f"dpo.micro_batch_size (or dpo.batch_size)={mb} must be a multiple of the mesh batch "
-                          f"shards mesh.data x mesh.fsdp = {m.data * m.fsdp}")
 
 
 def load_pairs(cfg: Any, tokenizer: Any) -> tuple[dict[str, np.ndarray], np.ndarray, Any]:

@@ -65,19 +65,26 @@ class Run:
         return nnx.merge(self.actor_gd, self.ref_params)
 
 
-def check_config(cfg: Any, n_devices: int) -> None:
-    """Cross-section checks that need the device count; ConfigError naming the key."""
-    m = cfg.mesh
+def check_mesh(mesh_cfg: Any, n_devices: int, micro_batch: int, micro_batch_key: str) -> None:
+    """The mesh checks of every trainer (ConfigError naming the key): ``mesh.data x mesh.fsdp x mesh.tensor`` must
+    equal ``n_devices`` and the micro-batch (``micro_batch``, set by ``micro_batch_key``) must be a multiple of the
+    batch shards ``mesh.data x mesh.fsdp``."""
+    m = mesh_cfg
     n = m.data * m.fsdp * m.tensor
     if n != n_devices:
         raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
                           f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
     shards = m.data * m.fsdp
+    if micro_batch % shards:
+        raise ConfigError(f"{micro_batch_key}={micro_batch} must be a multiple of the mesh batch shards "
+                          f"mesh.data x mesh.fsdp = {shards}")
+
+
+def check_config(cfg: Any, n_devices: int) -> None:
+    """Cross-section checks that need the device count; ConfigError naming the key."""
     a = cfg.actor
-    mb = a.ppo_micro_batch_size or a.ppo_mini_batch_size
-    if mb % shards:
-        raise ConfigError(f"actor.ppo_micro_batch_size (or ppo_mini_batch_size)={mb} must be a multiple of the "
-                          f"mesh batch shards mesh.data x mesh.fsdp = {shards}")
+    check_mesh(cfg.mesh, n_devices, a.ppo_micro_batch_size or a.ppo_mini_batch_size,
+               "actor.ppo_micro_batch_size (or ppo_mini_batch_size)")
     if cfg.pf_ppo.enabled and cfg.pf_ppo.filter == "none" and cfg.pf_ppo.reweight_method == "none":
         raise ConfigError("pf_ppo.enabled=true needs pf_ppo.filter or pf_ppo.reweight_method other than 'none'")
     if cfg.importance.lower is not None and cfg.importance.mode != "mask":

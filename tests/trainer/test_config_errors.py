@@ -29,6 +29,26 @@ def test_bad_config_is_a_clear_error(overrides, devices, match):
         build_run(cfg, devices=jax.devices()[:devices])
 
 
+
+@pytest.mark.parametrize("overrides, n_devices, match", [
+    (["mesh.data=3"], 1, r"mesh: data=3 x fsdp=1 x tensor=1 = 3 devices, but 1 are available"),
+    (["mesh.data=4", "mesh.fsdp=2", "dpo.batch_size=8", "dpo.micro_batch_size=4"], 8,
+     r"dpo.micro_batch_size \(or dpo.batch_size\)=4 must be a multiple of the mesh batch shards mesh.data x "
+     r"mesh.fsdp = 8"),
+    (["mesh.data=4", "dpo.batch_size=6"], 4, r"dpo.micro_batch_size \(or dpo.batch_size\)=6 must be a multiple"),
+    (["data.schema=scored"], 1, r"data.schema: DPO trains on preference pairs"),
+])
+def test_bad_dpo_config_is_a_clear_error(overrides, n_devices, match):
+    """The DPO trainer's config check shares the mesh checks (``setup.check_mesh``) with the PPO trainer's."""
+    from jaxppo.trainer.dpo_loop import check_dpo_config
+
+    cfg = load_config(None, ["data.schema=preference", "data.path=/nonexistent/pairs.jsonl", *overrides])
+    with pytest.raises(ConfigError, match=match):
+        check_dpo_config(cfg, n_devices)
+    ok = load_config(None, ["data.schema=preference", "data.path=/nonexistent/pairs.jsonl", "mesh.data=2",
+                            "dpo.batch_size=4"])
+    check_dpo_config(ok, 2)   # a good config passes
+
 def test_missing_model_path_names_it(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "a", "response": "b", "score": 1.0}\n')
