@@ -7,7 +7,9 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def parse_config_args(prog: str, description: str, argv: Sequence[str] | None, *, commands: Sequence[str] = ()):
@@ -57,3 +59,27 @@ def report_user_error(prog: str, err: BaseException) -> int:
     """Print ``prog: error: <message>`` to stderr and return the exit status 2."""
     print(f"{prog}: error: {type(err).__name__}: {err}", file=sys.stderr)
     return 2
+
+
+def run_cli(prog: str, work: Callable[[], T], report: Callable[[T], Any] | None = None, *,
+            errors: tuple[type[BaseException], ...] = (), config_error_form: bool = False) -> int:
+    """A command's body with its one-line user errors: ``work()``, then ``report(result)`` (the console output,
+    outside the error handling); returns the exit status.
+
+    An exception of ``USER_ERRORS`` or ``errors`` raised by ``work`` is printed by :func:`report_user_error`
+    (``prog: error: <type>: <message>``) and gives status 2; with ``config_error_form`` a ``ConfigError`` is
+    printed as ``prog: config error: <message>`` (the form of a bad key at parse time). Anything else propagates.
+    Otherwise the status is 0.
+    """
+    from jaxppo.config import ConfigError
+
+    try:
+        result = work()
+    except (*USER_ERRORS, *errors) as e:
+        if config_error_form and isinstance(e, ConfigError):
+            print(f"{prog}: config error: {e}", file=sys.stderr)
+            return 2
+        return report_user_error(prog, e)
+    if report is not None:
+        report(result)
+    return 0

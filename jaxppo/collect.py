@@ -18,22 +18,23 @@ PROG = "python -m jaxppo.collect"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
-    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
+    from jaxppo.cli_util import parse_config_args, run_cli, setup_logging
 
-    prog = PROG
-    _, cfg = parse_config_args(prog, "Sample an offline scored dataset from a behaviour model.", argv)
-    try:
+    _, cfg = parse_config_args(PROG, "Sample an offline scored dataset from a behaviour model.", argv)
+
+    def work() -> dict:
         setup_logging(cfg.trainer.output_dir, "collect.log")
-        meta = collect(cfg, progress=cfg.trainer.progress)
-    except USER_ERRORS as e:
-        return report_user_error(prog, e)
-    st, tm = meta["stats"], meta["timing_s"]
-    print(f"wrote {meta['n_responses']} responses ({meta['n_prompts']} prompts x {meta['sampling']['n']}) to "
-          f"{Path(cfg.trainer.output_dir) / meta['data_file']}; score mean {st['score_mean']:.4f} "
-          f"std {st['score_std']:.4f}; mean length {st['response_length_mean']:.1f} tokens, "
-          f"{100 * st['finished_fraction']:.0f}% ended with EOS; time {tm['total']:.1f}s "
-          f"(generate {tm['generate']:.1f}s, {st['tokens_per_s']:.0f} tokens/s)")
-    return 0
+        return collect(cfg, progress=cfg.trainer.progress)
+
+    def report(meta: dict) -> None:
+        st, tm = meta["stats"], meta["timing_s"]
+        print(f"wrote {meta['n_responses']} responses ({meta['n_prompts']} prompts x {meta['sampling']['n']}) to "
+              f"{Path(cfg.trainer.output_dir) / meta['data_file']}; score mean {st['score_mean']:.4f} "
+              f"std {st['score_std']:.4f}; mean length {st['response_length_mean']:.1f} tokens, "
+              f"{100 * st['finished_fraction']:.0f}% ended with EOS; time {tm['total']:.1f}s "
+              f"(generate {tm['generate']:.1f}s, {st['tokens_per_s']:.0f} tokens/s)")
+
+    return run_cli(PROG, work, report)
 
 
 __all__ = ["collect", "main", "read_prompts", "sample_responses"]

@@ -33,20 +33,22 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
-    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
+    from jaxppo.cli_util import parse_config_args, run_cli, setup_logging
     from jaxppo.trainer.checkpoint import CheckpointError
 
     _, cfg = parse_config_args(PROG, "Offline DPO (TRL's loss family) on preference pairs.", argv)
-    try:
+
+    def work() -> dict[str, Any]:
         setup_logging(cfg.trainer.output_dir, "dpo.log")
         from jaxppo.trainer.dpo_loop import train_dpo
 
-        summary = train_dpo(cfg)
-    except (*USER_ERRORS, CheckpointError) as e:
-        return report_user_error(PROG, e)
-    print(format_summary(summary))
-    print(f"wrote {Path(cfg.trainer.output_dir) / 'summary.json'}")
-    return 0
+        return train_dpo(cfg)
+
+    def report(summary: dict[str, Any]) -> None:
+        print(format_summary(summary))
+        print(f"wrote {Path(cfg.trainer.output_dir) / 'summary.json'}")
+
+    return run_cli(PROG, work, report, errors=(CheckpointError,))
 
 
 if __name__ == "__main__":

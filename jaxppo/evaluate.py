@@ -60,7 +60,7 @@ def format_table(r: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
-    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
+    from jaxppo.cli_util import parse_config_args, run_cli, setup_logging
 
     args = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(prog=PROG, add_help=False)
@@ -69,14 +69,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, cfg = parse_config_args(PROG, "Evaluate a policy against the reference model.path on the held-out prompts. "
                                "--policy PATH: the policy (a HF folder such as <run>/hf, or a .gguf file; default "
                                "model.path).", rest)
-    try:
+
+    def work() -> dict[str, Any]:
         setup_logging(cfg.trainer.output_dir, "evaluate.log")
-        result = evaluate(cfg, known.policy)
-    except USER_ERRORS as e:
-        return report_user_error(PROG, e)
-    print(format_table(result))
-    print(f"wrote {Path(cfg.trainer.output_dir) / 'eval.json'} and eval_samples.jsonl")
-    return 0
+        return evaluate(cfg, known.policy)
+
+    def report(result: dict[str, Any]) -> None:
+        print(format_table(result))
+        print(f"wrote {Path(cfg.trainer.output_dir) / 'eval.json'} and eval_samples.jsonl")
+
+    return run_cli(PROG, work, report)
 
 
 if __name__ == "__main__":

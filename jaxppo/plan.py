@@ -165,6 +165,7 @@ def _ensure_devices(n: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from jaxppo.cli_util import run_cli
     from jaxppo.config import ConfigError, load_config
 
     ap = argparse.ArgumentParser(prog=PROG, description="Per-device memory of a config's train state and "
@@ -190,16 +191,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {n} devices needed but {len(have)} exist (jax was started before the plan could "
               "set --xla_force_host_platform_device_count; run the plan in a fresh process)", file=sys.stderr)
         return 2
-    try:
-        p = plan(cfg, devices=have[:n], hbm_gib=args.hbm_gib, compile_step=not args.no_compile)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(format_table(p))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(p, indent=2) + "\n")
-    return 0
+
+    def report(p: dict) -> None:
+        print(format_table(p))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(p, indent=2) + "\n")
+
+    return run_cli(PROG, lambda: plan(cfg, devices=have[:n], hbm_gib=args.hbm_gib,
+                                      compile_step=not args.no_compile), report)
 
 
 if __name__ == "__main__":

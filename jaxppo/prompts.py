@@ -21,7 +21,7 @@ PROG = "python -m jaxppo.prompts"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
-    from jaxppo.cli_util import USER_ERRORS, report_user_error
+    from jaxppo.cli_util import run_cli
     from jaxppo.config import ConfigError, load_config
 
     ap = argparse.ArgumentParser(prog=PROG, description="Prompts of one side of a preference config's split.")
@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         ap.exit(2, f"{PROG}: config error: {e}\n")
-    try:
+
+    def work() -> tuple[int, int, int, int, Path]:
         if cfg.data.schema != "preference":
             raise ConfigError(f"data.schema must be 'preference' (pairs split by prompt), got {cfg.data.schema!r}")
         from jaxppo.hf import load_tokenizer
@@ -46,11 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in keep), encoding="utf-8")
-    except (*USER_ERRORS, ConfigError) as e:
-        return report_user_error(PROG, e)
-    print(f"{len(train)} training prompts, {len(heldout)} held-out prompts, {n_unsplit} in neither (not tokenized); "
-          f"wrote the {len(keep)} {args.side} prompts to {out}")
-    return 0
+        return len(train), len(heldout), n_unsplit, len(keep), out
+
+    def report(counts: tuple[int, int, int, int, Path]) -> None:
+        n_train, n_held, n_unsplit, n_keep, out = counts
+        print(f"{n_train} training prompts, {n_held} held-out prompts, {n_unsplit} in neither (not tokenized); "
+              f"wrote the {n_keep} {args.side} prompts to {out}")
+
+    return run_cli(PROG, work, report)
 
 
 if __name__ == "__main__":

@@ -40,14 +40,15 @@ from jaxppo.rewards.scoring import preference_to_scored, score_dataset, score_te
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
-    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
+    from jaxppo.cli_util import parse_config_args, run_cli, setup_logging
     from jaxppo.hf.paths import resolve_model_path
 
     prog = "python -m jaxppo.reward"
     command, cfg = parse_config_args(prog, "Train or apply a Bradley-Terry reward model, or turn preference pairs "
                                            "into a scored dataset.",
                                      argv, commands=("train", "score", "to-scored"))
-    try:
+
+    def work() -> None:
         setup_logging(cfg.trainer.output_dir, f"reward_{command}.log")
         if command == "train":
             from jaxppo.rewards.model_training import train_reward_model
@@ -69,9 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             m = score_dataset(cfg)
             key = "accuracy" if "accuracy" in m else "rm_score_mean"
             print(f"{key} {m[key]:.4f}; wrote {Path(cfg.trainer.output_dir) / 'scores.jsonl'}")
-    except USER_ERRORS as e:
-        return report_user_error(prog, e)
-    return 0
+
+    return run_cli(prog, work)
 
 
 if __name__ == "__main__":

@@ -7,32 +7,25 @@ written by another run or damaged beyond recovery — is one line on stderr and 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Sequence
 
 PROG = "python -m jaxppo.train"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jaxppo.cli_util import USER_ERRORS, parse_config_args, report_user_error, setup_logging
-    from jaxppo.config import ConfigError
+    from jaxppo.cli_util import parse_config_args, run_cli, setup_logging
 
     _, cfg = parse_config_args(PROG, "Offline PPO with importance sampling and prioritized replay.", argv)
     setup_logging(cfg.trainer.output_dir, "train.log")
     from jaxppo.trainer.checkpoint import CheckpointError
     from jaxppo.trainer.loop import train
 
-    try:
-        summary = train(cfg)
-    except ConfigError as e:
-        print(f"{PROG}: config error: {e}", file=sys.stderr)
-        return 2
-    except (*USER_ERRORS, CheckpointError) as e:
-        return report_user_error(PROG, e)
-    keys = ("eval/reward_before", "eval/reward_after", "eval/reward_gain_ci95", "eval/kl", "time/total_s")
-    print(json.dumps({k: summary[k] for k in keys if k in summary}))
-    print(f"outputs in {cfg.trainer.output_dir}")
-    return 0
+    def report(summary: dict) -> None:
+        keys = ("eval/reward_before", "eval/reward_after", "eval/reward_gain_ci95", "eval/kl", "time/total_s")
+        print(json.dumps({k: summary[k] for k in keys if k in summary}))
+        print(f"outputs in {cfg.trainer.output_dir}")
+
+    return run_cli(PROG, lambda: train(cfg), report, errors=(CheckpointError,), config_error_form=True)
 
 
 if __name__ == "__main__":

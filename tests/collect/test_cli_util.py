@@ -100,4 +100,37 @@ def test_cli_util_holds_no_library_logic():
     import jaxppo.cli_util as cu
 
     own = {n for n, f in vars(cu).items() if inspect.isfunction(f) and f.__module__ == cu.__name__}
-    assert own == {"parse_config_args", "setup_logging", "report_user_error"}
+    assert own == {"parse_config_args", "setup_logging", "report_user_error", "run_cli"}
+
+
+def test_run_cli_turns_user_errors_into_one_line(capsys):
+    from jaxppo.cli_util import run_cli
+    from jaxppo.config import ConfigError
+
+    class Custom(RuntimeError):
+        pass
+
+    def boom(e):
+        def work():
+            raise e
+        return work
+
+    reported = []
+    assert run_cli("prog", lambda: 3, reported.append) == 0 and reported == [3]      # the report sees the result
+    assert run_cli("prog", lambda: None) == 0
+    for err, line in [(FileNotFoundError("no file x"), "prog: error: FileNotFoundError: no file x"),
+                      (ValueError("bad v"), "prog: error: ValueError: bad v"),
+                      (ConfigError("k: bad"), "prog: error: ConfigError: k: bad"),
+                      (Custom("c"), "prog: error: Custom: c")]:
+        assert run_cli("prog", boom(err), reported.append, errors=(Custom,)) == 2
+        out = capsys.readouterr()
+        assert out.err.splitlines() == [line] and out.out == ""
+    assert reported == [3]                                                               # no report after an error
+    assert run_cli("prog", boom(ConfigError("k: bad")), config_error_form=True) == 2
+    assert capsys.readouterr().err.splitlines() == ["prog: config error: k: bad"]
+    assert run_cli("prog", boom(ValueError("v")), config_error_form=True) == 2
+    assert capsys.readouterr().err.splitlines() == ["prog: error: ValueError: v"]
+    with pytest.raises(Custom):                                                          # not a user error here
+        run_cli("prog", boom(Custom("c")))
+    with pytest.raises(KeyError):
+        run_cli("prog", boom(KeyError("k")))
