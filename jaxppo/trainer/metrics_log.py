@@ -40,10 +40,18 @@ logger = logging.getLogger("jaxppo.trainer")
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-# metrics shown next to the progress bar when present
-PROGRESS_KEYS = ("critic/score/mean", "actor/pg_loss", "actor/ppo_kl", "critic/vf_loss")
+# the sampled offline minibatch's mean score as jaxppo.trainer.steps logs it: with a critic, and critic-free
+DATA_SCORE_KEYS = ("critic/score/mean", "data/score/mean")
+# metrics shown next to the progress bar when present (a run logs one of the data score keys: "score/mean")
+PROGRESS_KEYS = (*DATA_SCORE_KEYS, "actor/pg_loss", "actor/ppo_kl", "critic/vf_loss")
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def progress_postfix(values: Mapping[str, float]) -> dict[str, str]:
+    """What the progress bar shows of a step's metrics: the ``PROGRESS_KEYS`` present, by their name after the
+    first ``/`` (``critic/score/mean`` or, critic-free, ``data/score/mean`` -> ``score/mean``), as ``%.4g``."""
+    return {k.split("/", 1)[-1]: f"{values[k]:.4g}" for k in PROGRESS_KEYS if k in values}
 
 
 def to_float(name: str, value: Any) -> float:
@@ -220,7 +228,7 @@ class MetricsLogger:
         if self._bar is not None:
             if step > self._bar.n:
                 self._bar.update(min(step, self.total_steps) - self._bar.n)
-            shown = {k.split("/", 1)[-1]: f"{values[k]:.4g}" for k in PROGRESS_KEYS if k in values}
+            shown = progress_postfix(values)
             if shown:
                 self._bar.set_postfix(shown, refresh=False)
         for t in self._trackers:

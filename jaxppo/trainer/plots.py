@@ -9,8 +9,9 @@
   ``eval/reward_ci_lo`` / ``eval/reward_ci_hi`` are logged at that step, and ends with the final evaluation
   of ``summary`` (``eval/reward_after`` at ``summary["steps"]``, interval ``reward_before + eval/reward_gain_ci95``:
   the paired-bootstrap CI of the gain over the fixed reference mean) unless the log already has that step;
-* ``data.png`` — "offline minibatch score (data, not the policy)": ``critic/score/mean`` is the score of the
-  *sampled offline minibatch*, it moves with the sampler (prioritized replay, PF-PPO), not with the policy;
+* ``data.png`` — "offline minibatch score (data, not the policy)": ``critic/score/mean`` (``data/score/mean``
+  with a critic-free estimator) is the score of the *sampled offline minibatch*, it moves with the sampler
+  (prioritized replay, PF-PPO), not with the policy;
 * ``kl.png`` — ``actor/ppo_kl``, ``actor/kl_loss``, ``eval/kl``;  ``losses.png`` — ``actor/pg_loss``,
   ``critic/vf_loss``;
 * ``is.png`` — every ``is/*`` and ``rollout_corr/*`` metric (behaviour correction diagnostics);
@@ -30,12 +31,12 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxppo.trainer.metrics_log import read_jsonl
+from jaxppo.trainer.metrics_log import DATA_SCORE_KEYS, read_jsonl
 
 HELDOUT_REWARD = "eval/reward_mean"
 HELDOUT_CI = ("eval/reward_ci_lo", "eval/reward_ci_hi")
 HELDOUT_KL = "eval/kl"
-DATA_SCORE = "critic/score/mean"
+DATA_SCORE = DATA_SCORE_KEYS[0]   # with a critic; a critic-free run logs DATA_SCORE_KEYS[1] instead
 DATA_TITLE = "offline minibatch score (data, not the policy)"
 KL_KEYS = ("actor/ppo_kl", "actor/kl_loss", "eval/kl")
 LOSS_KEYS = ("actor/pg_loss", "critic/vf_loss")
@@ -129,8 +130,9 @@ def figure_specs(rows: list[dict], *, reward_before: float | None = None,
     if panels:
         specs.append(FigureSpec("reward", "held-out reward of the policy", panels))
 
-    if DATA_SCORE in series:
-        specs.append(FigureSpec("data", DATA_TITLE, [Panel(DATA_SCORE, [_line(DATA_SCORE, series[DATA_SCORE])])]))
+    data_key = next((k for k in DATA_SCORE_KEYS if k in series), None)
+    if data_key is not None:
+        specs.append(FigureSpec("data", DATA_TITLE, [Panel(data_key, [_line(data_key, series[data_key])])]))
 
     def group(name: str, title: str, keys: list[str]) -> None:
         if keys:
@@ -200,5 +202,5 @@ def plot_metrics(metrics_jsonl: str | Path, out_dir: str | Path, *, reward_befor
     return [_render(spec, out_dir / f"{spec.name}.png") for spec in specs]
 
 
-__all__ = ["DATA_SCORE", "DATA_TITLE", "FigureSpec", "HELDOUT_CI", "HELDOUT_KL", "HELDOUT_REWARD", "KL_KEYS",
-           "LOSS_KEYS", "Line", "Panel", "figure_specs", "plot_metrics"]
+__all__ = ["DATA_SCORE", "DATA_SCORE_KEYS", "DATA_TITLE", "FigureSpec", "HELDOUT_CI", "HELDOUT_KL", "HELDOUT_REWARD",
+           "KL_KEYS", "LOSS_KEYS", "Line", "Panel", "figure_specs", "plot_metrics"]

@@ -293,3 +293,22 @@ def test_mlflow_file_store_holds_the_metrics(tmp_path, monkeypatch):
     assert (run_dir / "tags" / "mlflow.runName").read_text() == "seed1"
     assert (run_dir / "params" / "replay.alpha").read_text() == "0.6"
     assert "name: sweepB" in (run_dir.parent / "meta.yaml").read_text()
+
+
+def test_progress_bar_shows_the_data_score_with_or_without_a_critic(tmp_path):
+    """The progress line shows the minibatch score of a critic run (critic/score/mean) and of a critic-free run
+    (data/score/mean, hand-written critic-free metrics) under the same name."""
+    from jaxppo.trainer.metrics_log import progress_postfix
+
+    critic = {"critic/score/mean": 0.5, "actor/pg_loss": -0.125, "actor/ppo_kl": 0.001, "critic/vf_loss": 2.0,
+              "perf/throughput": 1e4}
+    assert progress_postfix(critic) == {"score/mean": "0.5", "pg_loss": "-0.125", "ppo_kl": "0.001",
+                                        "vf_loss": "2"}
+    critic_free = {"data/score/mean": 0.123456, "actor/advantages/mean": 0.0, "actor/pg_loss": -0.25,
+                   "actor/ppo_kl": 0.002}
+    assert progress_postfix(critic_free) == {"score/mean": "0.1235", "pg_loss": "-0.25", "ppo_kl": "0.002"}
+    assert progress_postfix({"perf/throughput": 1.0}) == {}
+    # the bar itself gets that postfix
+    with MetricsLogger(tmp_path, total_steps=2, tensorboard=False, progress=True) as lg:
+        lg.log(1, critic_free)
+        assert lg._bar.postfix == "score/mean=0.1235, pg_loss=-0.25, ppo_kl=0.002"

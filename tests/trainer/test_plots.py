@@ -116,3 +116,23 @@ def test_plot_from_a_real_logger_file(tmp_path):
         for s in range(1, 5):
             lg.log(s, {"actor/ppo_kl": np.float32(s) / 100, "actor/kl_loss": float("inf") if s == 2 else 0.1})
     assert [p.name for p in plot_metrics(tmp_path / "metrics.jsonl", tmp_path)] == ["kl.png"]
+
+
+def test_critic_free_run_plots_its_data_score(tmp_path):
+    """A critic-free estimator (grpo) logs the minibatch score as data/score/mean and no critic/* key: data.png
+    still shows it (hand-written metrics.jsonl of such a run)."""
+    rows = [{"step": 1, "data/score/mean": 0.25, "actor/advantages/mean": 0.0, "actor/pg_loss": -0.5,
+             "actor/ppo_kl": 0.001},
+            {"step": 2, "data/score/mean": "nan", "actor/pg_loss": -0.4, "actor/ppo_kl": 0.002},
+            {"step": 3, "data/score/mean": 0.75, "actor/pg_loss": -0.3, "actor/ppo_kl": 0.003}]
+    _write(tmp_path / "metrics.jsonl", rows)
+    paths = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "plots")
+    assert [p.name for p in paths] == ["data.png", "kl.png", "losses.png"]
+    assert _image(tmp_path / "plots" / "data.png").std() > 0
+    from jaxppo.trainer.metrics_log import read_jsonl
+
+    data = _spec(figure_specs(read_jsonl(tmp_path / "metrics.jsonl")), "data")
+    assert data.title == DATA_TITLE
+    [panel] = data.panels
+    assert panel.title == "data/score/mean"
+    assert (panel.lines[0].xs, panel.lines[0].ys) == ([1, 3], [0.25, 0.75])   # the non-finite step left out
