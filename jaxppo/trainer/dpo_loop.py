@@ -40,6 +40,7 @@ import numpy as np
 from jaxppo.config import ConfigError, to_dict
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.dpo_step import PAIR_KEYS, DPOHParams, DPOState, batch_indices, make_dpo_step, pair_logps
+from jaxppo.trainer.run_dir import metrics_logger, start_run
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -263,45 +264,21 @@ def _rollback(run: DPORun, ckpt: Checkpointer, state: DPOState, step_no: int, ml
 
 def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
     """Run the DPO job described by ``cfg``; returns (and writes) the summary dict."""
-    from jaxppo.trainer.guards import Guards
-    from jaxppo.trainer.metrics_log import MetricsLogger
-    from jaxppo.trainer.trackers import resolve_logger
+    return fit_dpo(cfg, run=run)[0]
 
-    t_start = time.perf_counter()
+
+def fit_dpo(cfg: Any, *, run: DPORun | None = None) -> tuple[dict[str, Any], DPOState]:
+    """:func:`train_dpo` that also returns the final ``DPOState``: ``(summary, state)``. ``run`` (default
+    ``build_dpo_run(cfg)``) is only read: its ``state`` is the initial state."""
     tc = cfg.trainer
-    out = Path(tc.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
-    run = build_dpo_run(cfg) if run is None else run
-    t_setup = time.perf_counter() - t_start
-    state = run.state
-    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=True)
-    guards = Guards(cfg.guards)
-    start = 0
-    if tc.resume == "never" and ckpt.all_steps():
-        ckpt.close()
-        raise ConfigError(f"trainer.resume=never but {ckpt.directory} already holds checkpoints {ckpt.all_steps()}; "
-                          "use another trainer.output_dir, delete them, or resume with trainer.resume=auto")
-    damaged = []
-    if tc.resume == "auto":
-        try:
-            resumed = ckpt.restore_newest(state)
-        except BaseException:
-            ckpt.close()
-            raise
-        damaged = resumed.damaged
-        if resumed.step is not None:
-            state, meta = resumed.state, resumed.meta
-            guards = Guards.from_state_dict(cfg.guards, meta["guards"])
-            start = int(meta["step"])
-            logger.info("resumed from %s step %d", ckpt.directory, start)
+    rs = start_run(cfg, build_dpo_run, run)
+    # from here on only `state` is threaded, `run` is read-only
+    run, state, ckpt, guards, start, out = rs.run, rs.state, rs.ckpt, rs.guards, rs.start, rs.out
     have_heldout = run.heldout["prompt_ids"].shape[0] > 0
     if guards.ppl_baseline is None and have_heldout:
         guards.check_perplexity(0, _ppl(run, state.actor))
-    tb_on, trackers = resolve_logger(tc.logger, tc.tensorboard)
-    mlog = MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tb_on, progress=tc.progress,
-                         trackers=trackers, run_name=tc.run_name, group=tc.group, run_config=to_dict(cfg))
-    for bad_step, moved, why in damaged:
+    mlog = metrics_logger(cfg, out, start, ckpt)
+    for bad_step, moved, why in rs.damaged:
         mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}", checkpoint_step=bad_step,
                    moved_to=str(moved))
     if start == 0:
@@ -339,7 +316,6 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
                 if act.kind == "rollback":
                     state = _rollback(run, ckpt, state, step_no, mlog)
                     cursor = int(state.data_cursor)
-            run.state = state
             verified = ppl_checked and not any(a.kind == "rollback" for a in actions)
             if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified:
                 if not ckpt.save(step_no, state, _meta(run, guards), verified=verified):
@@ -348,10 +324,9 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
     finally:
         mlog.close()
         ckpt.close()
-    run.state = state
-    timing = dict(setup_s=t_setup, train_s=time.perf_counter() - t_train0, compile_s=compile_s or 0.0,
-                  start_step=start, t_start=t_start)
-    return finish_dpo(run, state, out, timing)
+    timing = dict(setup_s=rs.t_setup, train_s=time.perf_counter() - t_train0, compile_s=compile_s or 0.0,
+                  start_step=start, t_start=rs.t_start)
+    return finish_dpo(run, state, out, timing), state
 
 
 def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any]) -> None:
@@ -419,5 +394,5 @@ def finish_dpo(run: DPORun, state: DPOState, out: Path, timing: dict) -> dict[st
     return summary
 
 
-__all__ = ["DPORun", "build_dpo_run", "check_dpo_config", "finish_dpo", "load_pairs", "make_batch", "pair_metrics",
-           "reference_logps", "train_dpo"]
+__all__ = ["DPORun", "build_dpo_run", "check_dpo_config", "finish_dpo", "fit_dpo", "load_pairs", "make_batch",
+           "pair_metrics", "reference_logps", "train_dpo"]

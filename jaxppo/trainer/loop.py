@@ -45,8 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.config import ConfigError, to_dict
+from jaxppo.config import to_dict
 from jaxppo.trainer.checkpoint import Checkpointer
+from jaxppo.trainer.run_dir import metrics_logger, start_run
 from jaxppo.trainer.setup import Run, build_run, load_window
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -120,16 +121,6 @@ def _ppl(run: Run, params) -> float:
     return heldout_perplexity(run.policy(params), run.heldout, batch_size=run.cfg.data.behaviour_batch_size)
 
 
-def _make_logger(cfg: Any, out: Path, start: int):
-    from jaxppo.trainer.metrics_log import MetricsLogger
-    from jaxppo.trainer.trackers import resolve_logger
-
-    tc = cfg.trainer
-    tb_on, trackers = resolve_logger(tc.logger, tc.tensorboard)
-    return MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tb_on, progress=tc.progress,
-                         trackers=trackers, run_name=tc.run_name, group=tc.group, run_config=to_dict(cfg))
-
-
 def train(cfg: Any, *, run: Run | None = None) -> dict[str, Any]:
     """Run the offline PPO job described by ``cfg``; returns (and writes) the summary dict."""
     return fit(cfg, run=run)[0]
@@ -139,50 +130,20 @@ def fit(cfg: Any, *, run: Run | None = None) -> tuple[dict[str, Any], Any]:
     """:func:`train` that also returns the final ``TrainState``: ``(summary, state)``. ``run`` (default
     ``build_run(cfg)``) is only read: its ``state`` is the initial state."""
     from jaxppo.models.eos import eos_ids
-    from jaxppo.trainer.guards import Guards
 
-    t_start = time.perf_counter()
     tc = cfg.trainer
-    out = Path(tc.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
-    run = build_run(cfg) if run is None else run
-    t_setup = time.perf_counter() - t_start
-    state = run.state   # the initial state; from here on only `state` is threaded, `run` is read-only
-    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=True)
-    guards = Guards(cfg.guards)
-    start, tokens_consumed = 0, 0.0
-    if tc.resume == "never" and ckpt.all_steps():
-        ckpt.close()
-        raise ConfigError(f"trainer.resume=never but {ckpt.directory} already holds checkpoints {ckpt.all_steps()}; "
-                          "use another trainer.output_dir, delete them, or resume with trainer.resume=auto")
-    damaged: list[tuple[int, Path, str]] = []
-    resumed = None
-    if tc.resume == "auto":
-        try:
-            resumed = ckpt.restore_newest(state)   # damaged checkpoints are moved aside, older ones tried
-        except BaseException:
-            ckpt.close()
-            raise
-        damaged = resumed.damaged
-    if resumed is not None and resumed.step is not None:
-        state, meta = resumed.state, resumed.meta
-        guards = Guards.from_state_dict(cfg.guards, meta["guards"])
-        start = int(meta["step"])
-        tokens_consumed = float(meta.get("tokens_consumed", 0.0))
-        logger.info("resumed from %s step %d", ckpt.directory, start)
+    rs = start_run(cfg, build_run, run)
+    # from here on only `state` is threaded, `run` is read-only
+    run, state, ckpt, guards, start, out = rs.run, rs.state, rs.ckpt, rs.guards, rs.start, rs.out
+    tokens_consumed = float(rs.meta.get("tokens_consumed", 0.0))
     have_heldout = run.heldout["prompt_ids"].shape[0] > 0
     if guards.ppl_baseline is None and have_heldout:
         guards.check_perplexity(0, _ppl(run, state.actor))
     eos = eos_ids(run.reference().config, run.tokenizer)
     evals = _Evaluations(run, eos)
     probe = _LengthProbe(run, eos)
-    try:
-        mlog = _make_logger(cfg, out, start)
-    except BaseException:
-        ckpt.close()
-        raise
-    for bad_step, moved, why in damaged:
+    mlog = metrics_logger(cfg, out, start, ckpt)
+    for bad_step, moved, why in rs.damaged:
         mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}, resuming from "
                    f"{'step ' + str(start) if start else 'scratch'}", checkpoint_step=bad_step, moved_to=str(moved))
     refresh = cfg.replay.refresh_every
@@ -241,8 +202,9 @@ def fit(cfg: Any, *, run: Run | None = None) -> tuple[dict[str, Any], Any]:
         mlog.close()
         ckpt.close()
     t_train = time.perf_counter() - t_train0
-    summary = _finish(run, state, evals, out, dict(setup_s=t_setup, train_s=t_train, compile_s=compile_s or 0.0,
-                                                   start_step=start, t_start=t_start, tokens_consumed=tokens_consumed))
+    summary = _finish(run, state, evals, out, dict(setup_s=rs.t_setup, train_s=t_train, compile_s=compile_s or 0.0,
+                                                   start_step=start, t_start=rs.t_start,
+                                                   tokens_consumed=tokens_consumed))
     return summary, state
 
 

@@ -30,17 +30,19 @@ def _rows(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, stories_model, hh_pairs):
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo_loop import build_dpo_run, train_dpo
+    from jaxppo.trainer.dpo_loop import build_dpo_run, fit_dpo
 
     out = tmp_path_factory.mktemp("dpo_run")
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, out / "cache", "trainer.save_hf=true"))
     run = build_dpo_run(cfg, devices=jax.devices()[:1])
-    summary = train_dpo(cfg, run=run)
-    return out, run, summary
+    initial = run.state
+    summary, state = fit_dpo(cfg, run=run)
+    assert run.state is initial   # the loop threads the state; the run is only read
+    return out, run, summary, state
 
 
 def test_trl_metric_names_learning_and_heldout_accuracy(trained):
-    out, run, summary = trained
+    out, run, summary, _ = trained
     rows = _rows(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 13))
     for r in rows:
@@ -62,9 +64,9 @@ def test_heldout_accuracy_matches_numpy_recount(trained):
     from per-pair log-probs of the trained policy (numpy)."""
     from jaxppo.data.behaviour import compute_behaviour_logprobs
 
-    _, run, summary = trained
+    _, run, summary, state = trained
     h = run.heldout
-    pol = run.policy()
+    pol = run.policy(state.actor)
 
     def seq(ids, mask):
         arr = {"prompt_ids": h["prompt_ids"], "prompt_mask": h["prompt_mask"], "response_ids": ids,
@@ -80,13 +82,13 @@ def test_hf_export_loads_in_transformers_with_same_logits(trained):
     import torch
     import transformers
 
-    out, run, _ = trained
+    out, run, _, state = trained
     hf = transformers.AutoModelForCausalLM.from_pretrained(out / "hf", torch_dtype=torch.float32).eval()
     ids = np.concatenate([run.train["prompt_ids"][:2], run.train["chosen_ids"][:2]], 1)
     mask = np.ones_like(ids)
     with torch.no_grad():
         want = hf(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
-    got = np.asarray(run.policy()(ids, mask))
+    got = np.asarray(run.policy(state.actor)(ids, mask))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     ref = np.asarray(run.reference()(ids, mask))
     assert np.abs(got - ref).max() > 1e-3  # the export is the trained policy, not the reference

@@ -1,0 +1,102 @@
+"""The start of a trainer run, shared by the PPO (``loop.fit``) and DPO (``dpo_loop.fit_dpo``) loops.
+
+:func:`start_run`: create ``trainer.output_dir`` and write its ``config.json``; build the run (unless one is given)
+and time it (``t_setup``); open the ``Checkpointer`` of ``<output_dir>/checkpoints`` (every ``trainer.save_every``
+steps, keeping ``trainer.keep_last``); then, by ``trainer.resume``:
+
+- ``never``: a folder that already holds checkpoints is a ``ConfigError`` (nothing is overwritten);
+- ``auto``: the newest readable checkpoint is restored (damaged ones are moved aside and listed in ``damaged``);
+  the loop starts at its step with its guard state;
+- otherwise (or with nothing to restore): from step 0 with the run's initial state and fresh guards.
+
+The checkpointer is closed before any error leaves :func:`start_run`; afterwards the caller owns it.
+:func:`metrics_logger` opens the run's ``MetricsLogger`` the same way for both loops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from jaxppo.config import ConfigError, to_dict
+from jaxppo.trainer.checkpoint import Checkpointer
+
+logger = logging.getLogger("jaxppo.trainer")
+
+
+@dataclasses.dataclass
+class RunStart:
+    """What a loop starts from (see the module doc)."""
+
+    out: Path                           # trainer.output_dir (created)
+    run: Any                            # the built (or given) run; its ``state`` is the initial state
+    state: Any                          # the state the loop starts from: the run's initial one or the resumed one
+    ckpt: Checkpointer                  # open; the caller closes it
+    guards: Any                         # jaxppo.trainer.guards.Guards, restored on resume
+    start: int                          # the step the loop starts after (0: from scratch)
+    meta: dict[str, Any]                # the resumed checkpoint's metadata ({} from scratch)
+    damaged: list[tuple[int, Path, str]]  # damaged checkpoints moved aside on resume: (step, new path, reason)
+    t_start: float                      # time.perf_counter() at the start
+    t_setup: float                      # seconds spent building the run
+
+
+def start_run(cfg: Any, build: Callable[[Any], Any], run: Any = None) -> RunStart:
+    """Output folder, ``config.json``, ``run = build(cfg)`` (unless ``run`` is given), checkpointer and resume."""
+    from jaxppo.trainer.guards import Guards
+
+    t_start = time.perf_counter()
+    tc = cfg.trainer
+    out = Path(tc.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
+    run = build(cfg) if run is None else run
+    t_setup = time.perf_counter() - t_start
+    state = run.state
+    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=True)
+    guards = Guards(cfg.guards)
+    start, meta = 0, {}
+    if tc.resume == "never" and ckpt.all_steps():
+        ckpt.close()
+        raise ConfigError(f"trainer.resume=never but {ckpt.directory} already holds checkpoints {ckpt.all_steps()}; "
+                          "use another trainer.output_dir, delete them, or resume with trainer.resume=auto")
+    damaged: list[tuple[int, Path, str]] = []
+    if tc.resume == "auto":
+        try:
+            resumed = ckpt.restore_newest(state)   # damaged checkpoints are moved aside, older ones tried
+        except BaseException:
+            ckpt.close()
+            raise
+        damaged = resumed.damaged
+        if resumed.step is not None:
+            state, meta = resumed.state, resumed.meta
+            guards = Guards.from_state_dict(cfg.guards, meta["guards"])
+            start = int(meta["step"])
+            logger.info("resumed from %s step %d", ckpt.directory, start)
+    return RunStart(out=out, run=run, state=state, ckpt=ckpt, guards=guards, start=start, meta=meta,
+                    damaged=damaged, t_start=t_start, t_setup=t_setup)
+
+
+def metrics_logger(cfg: Any, out: Path, start: int, ckpt: Checkpointer | None = None):
+    """The run's ``MetricsLogger`` (``trainer.logger`` / ``tensorboard`` / ``progress`` / ``run_name`` / ``group``),
+    counting from step ``start``; when it cannot be opened, ``ckpt`` (if given) is closed before the error
+    propagates."""
+    from jaxppo.trainer.metrics_log import MetricsLogger
+    from jaxppo.trainer.trackers import resolve_logger
+
+    tc = cfg.trainer
+    try:
+        tb_on, trackers = resolve_logger(tc.logger, tc.tensorboard)
+        return MetricsLogger(out, total_steps=tc.total_steps, start_step=start, tensorboard=tb_on,
+                             progress=tc.progress, trackers=trackers, run_name=tc.run_name, group=tc.group,
+                             run_config=to_dict(cfg))
+    except BaseException:
+        if ckpt is not None:
+            ckpt.close()
+        raise
+
+
+__all__ = ["RunStart", "metrics_logger", "start_run"]
