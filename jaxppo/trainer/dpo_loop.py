@@ -281,7 +281,7 @@ def fit_dpo(cfg: Any, *, run: DPORun | None = None) -> tuple[dict[str, Any], DPO
     for bad_step, moved, why in rs.damaged:
         mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}", checkpoint_step=bad_step,
                    moved_to=str(moved))
-    if start == 0:
+    if start == 0 and 0 not in ckpt.all_steps():   # already there when a run killed before its first step resumes
         ckpt.save(0, state, _meta(run, guards), verified=have_heldout)
     cursor = int(state.data_cursor)
     tokens_per_step = run.cfg.dpo.batch_size * 2 * (run.train["prompt_ids"].shape[1]

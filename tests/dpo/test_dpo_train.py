@@ -130,6 +130,31 @@ def _cli(out: Path, stories_model, hh_pairs, cache: Path, xla_cache: Path, *extr
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def test_resume_from_the_step0_checkpoint(tmp_path, stories_model, hh_pairs):
+    """A DPO run killed after its step-0 checkpoint and before its first step resumes from it (it used to fail with
+    StepAlreadyExistsError: the loop saved step 0 again) and then logs what the uninterrupted run logged."""
+    import shutil
+
+    from jaxppo.config import load_config
+    from jaxppo.trainer.dpo_loop import build_dpo_run, train_dpo
+
+    out = tmp_path / "run"
+    cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, tmp_path / "cache", "trainer.total_steps=2",
+                                          "trainer.eval_every=null"))
+    run = build_dpo_run(cfg, devices=jax.devices()[:1])
+    train_dpo(cfg, run=run)
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.isdigit()) == ["0", "2"]
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("perf/")}  # noqa: E731
+    first = [strip(r) for r in _rows(out / "metrics.jsonl")]
+    assert [r["step"] for r in first] == [1, 2]
+    shutil.rmtree(ckpts / "2")            # as if killed before step 1: only checkpoint 0 was written
+    summary = train_dpo(cfg, run=run)     # the same run: the loop only reads it
+    assert summary["resumed_from"] == 0
+    assert [strip(r) for r in _rows(out / "metrics.jsonl")] == first
+    assert (ckpts / "2").is_dir()
+
+
 def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, hh_pairs, dpo_compile_cache):
     extra = ("trainer.eval_every=4",)
     cache = tmp_path / "cache"
