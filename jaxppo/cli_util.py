@@ -17,20 +17,31 @@ def parse_config_args(prog: str, description: str, argv: Sequence[str] | None, *
 
     Returns ``(command or None, Config)``; a bad key or value exits with the ConfigError message.
     """
+    args, cfg = parse_args_and_config(prog, description, argv, commands=commands)
+    return (args.command if commands else None), cfg
+
+
+def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | None, *, commands: Sequence[str] = (),
+                          add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+                          config_required: bool = False) -> tuple[argparse.Namespace, Any]:
+    """:func:`parse_config_args` for commands with options of their own: ``add_arguments(parser)`` adds them;
+    returns ``(parsed args, Config)``. ``--config`` is required with ``config_required``."""
     from jaxppo.config import ConfigError, load_config
 
     ap = argparse.ArgumentParser(prog=prog, description=description)
     if commands:
         ap.add_argument("command", choices=list(commands))
-    ap.add_argument("--config", "-c", default=None, help="YAML config file")
+    ap.add_argument("--config", "-c", default=None, required=config_required, help="YAML config file")
     ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. trainer.output_dir=runs/x")
+    if add_arguments is not None:
+        add_arguments(ap)
     # intermixed: ``train --config F a=1`` and ``--config F train a=1`` both work
     args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         ap.exit(2, f"{prog}: config error: {e}\n")
-    return (args.command if commands else None), cfg
+    return args, cfg
 
 
 def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> None:

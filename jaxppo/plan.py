@@ -165,22 +165,17 @@ def _ensure_devices(n: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jaxppo.cli_util import run_cli
-    from jaxppo.config import ConfigError, load_config
+    from jaxppo.cli_util import parse_args_and_config, run_cli
 
-    ap = argparse.ArgumentParser(prog=PROG, description="Per-device memory of a config's train state and "
-                                 "compiled update step, on (simulated) devices, before renting hardware.")
-    ap.add_argument("--config", "-c", required=True, help="YAML config file")
-    ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
-    ap.add_argument("--hbm-gib", type=float, default=None, help="memory per device to check against (GiB)")
-    ap.add_argument("--json", default=None, help="write the plan as JSON here")
-    ap.add_argument("--devices", type=int, default=None, help="device count (default: the config's mesh size)")
-    ap.add_argument("--no-compile", action="store_true", help="skip the XLA compile (temp_bytes reported as null)")
-    args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        ap.exit(2, f"{PROG}: config error: {e}\n")
+    def options(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--hbm-gib", type=float, default=None, help="memory per device to check against (GiB)")
+        ap.add_argument("--json", default=None, help="write the plan as JSON here")
+        ap.add_argument("--devices", type=int, default=None, help="device count (default: the config's mesh size)")
+        ap.add_argument("--no-compile", action="store_true", help="skip the XLA compile (temp_bytes reported as null)")
+
+    args, cfg = parse_args_and_config(PROG, "Per-device memory of a config's train state and compiled update step, on "
+                                      "(simulated) devices, before renting hardware.", argv, add_arguments=options,
+                                      config_required=True)
     m = cfg.mesh
     n = args.devices or m.data * m.fsdp * m.tensor
     _ensure_devices(n)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -21,19 +20,15 @@ PROG = "python -m jaxppo.prompts"
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
-    from jaxppo.cli_util import run_cli
-    from jaxppo.config import ConfigError, load_config
+    from jaxppo.cli_util import parse_args_and_config, run_cli
+    from jaxppo.config import ConfigError
 
-    ap = argparse.ArgumentParser(prog=PROG, description="Prompts of one side of a preference config's split.")
-    ap.add_argument("--config", "-c", required=True, help="YAML config with data.schema=preference")
-    ap.add_argument("--side", choices=("train", "heldout"), required=True)
-    ap.add_argument("--out", required=True, help="output .jsonl file")
-    ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
-    args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        ap.exit(2, f"{PROG}: config error: {e}\n")
+    def options(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--side", choices=("train", "heldout"), required=True)
+        ap.add_argument("--out", required=True, help="output .jsonl file")
+
+    args, cfg = parse_args_and_config(PROG, "Prompts of one side of a preference config's by-prompt split.", argv,
+                                      add_arguments=options, config_required=True)
 
     def work() -> tuple[int, int, int, int, Path]:
         if cfg.data.schema != "preference":

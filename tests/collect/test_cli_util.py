@@ -100,7 +100,30 @@ def test_cli_util_holds_no_library_logic():
     import jaxppo.cli_util as cu
 
     own = {n for n, f in vars(cu).items() if inspect.isfunction(f) and f.__module__ == cu.__name__}
-    assert own == {"parse_config_args", "setup_logging", "report_user_error", "run_cli"}
+    assert own == {"parse_config_args", "parse_args_and_config", "setup_logging", "report_user_error", "run_cli"}
+
+
+def test_parse_args_and_config_adds_command_options(tmp_path, capsys):
+    import pytest
+
+    from jaxppo.cli_util import parse_args_and_config
+
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("trainer:\n  seed: 3\n")
+
+    def options(ap):
+        ap.add_argument("--out", required=True)
+
+    args, cfg = parse_args_and_config("prog", "d", ["--out", "x.jsonl", "--config", str(cfg_file), "trainer.seed=5"],
+                                      add_arguments=options, config_required=True)
+    assert args.out == "x.jsonl" and cfg.trainer.seed == 5        # override applied after the file's 3
+    with pytest.raises(SystemExit) as e:                          # --config required: argparse's usage error
+        parse_args_and_config("prog", "d", ["--out", "x"], add_arguments=options, config_required=True)
+    assert e.value.code == 2 and "--config" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:                          # a bad key: the one-line config error
+        parse_args_and_config("prog", "d", ["--out", "x", "--config", str(cfg_file), "trainer.sed=1"],
+                              add_arguments=options)
+    assert e.value.code == 2 and "prog: config error:" in capsys.readouterr().err
 
 
 def test_run_cli_turns_user_errors_into_one_line(capsys):
