@@ -87,13 +87,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--matmul", type=int, default=2048)
     ap.add_argument("--scan-layers", choices=("auto", "true", "false"), default="auto")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="compute dtype: bfloat16 = float32 parameters and loss, bfloat16 matmuls (JAX "
+                         "model.compute_dtype, torch.autocast on CPU); the matmul peak is then a bfloat16 matmul")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "model.json"))
     args = ap.parse_args(argv)
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
 
     scan = {"auto": "auto", "true": True, "false": False}[args.scan_layers]
-    cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": args.layers, "scan_layers": scan})
+    cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": args.layers, "scan_layers": scan,
+                      "compute_dtype": args.dtype})
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     rng = np.random.default_rng(0)
     ids_np = rng.integers(0, cfg.vocab_size, size=(args.batch, args.seq)).astype(np.int64)
     mask_np = np.ones_like(ids_np)
@@ -110,15 +115,16 @@ def main(argv=None) -> dict:
 
     def torch_step():
         tm.zero_grad(set_to_none=True)
-        out = tm(input_ids=tids, attention_mask=tmask, labels=tids)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
+            out = tm(input_ids=tids, attention_mask=tmask, labels=tids)
         out.loss.backward()
         return out.loss
 
     torch_step()  # warm-up
-    a = jax.random.normal(jax.random.key(0), (args.matmul, args.matmul), jnp.float32)
-    mm = jax.jit(jnp.dot)
+    a = jax.random.normal(jax.random.key(0), (args.matmul, args.matmul), jnp.float32).astype(args.dtype)
+    mm = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
     mm(a, a).block_until_ready()
-    ta = torch.randn(args.matmul, args.matmul)
+    ta = torch.randn(args.matmul, args.matmul).to(tdtype)
     mm_flops = 2.0 * args.matmul ** 3
     # paired measurements: each repeat times the matmuls, then one JAX step, then one torch step, so
     # every ratio compares runs that saw (nearly) the same machine load
@@ -136,7 +142,7 @@ def main(argv=None) -> dict:
     peak = statistics.median(mm_rates)
     res = {"config": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
                       "kv_heads": cfg.num_key_value_heads, "mlp": cfg.intermediate_size, "vocab": cfg.vocab_size,
-                      "batch": args.batch, "seq": args.seq, "dtype": "float32", "scan_layers": args.scan_layers,
+                      "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "scan_layers": args.scan_layers,
                       "unrolled": cfg.unroll_layers},
            "machine": {"cpus": threads, "platform": platform.platform(), "jax": jax.__version__,
                        "torch": torch.__version__, "loadavg_1m": os.getloadavg()[0]},
@@ -155,7 +161,7 @@ def main(argv=None) -> dict:
                     "mfu_ge_0.5": res["jax"]["mfu_vs_best_matmul"] >= 0.5}
 
     print(f"\nfwd+bwd, {cfg.num_hidden_layers} layers d={cfg.hidden_size} V={cfg.vocab_size}, batch {args.batch}x"
-          f"{args.seq} float32, {'unrolled' if cfg.unroll_layers else 'scanned'} layers, {threads} CPU threads "
+          f"{args.seq} {args.dtype}, {'unrolled' if cfg.unroll_layers else 'scanned'} layers, {threads} CPU threads "
           f"(load avg {res['machine']['loadavg_1m']:.1f})")
     print(f"{'impl':<22}{'step s (median)':>16}{'step s (min)':>14}{'tokens/s':>12}{'GFLOP/s':>10}{'MFU':>8}")
     for name, label in (("jax", "jaxppo (JAX/Flax NNX)"), ("torch", "transformers (torch)")):
