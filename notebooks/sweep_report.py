@@ -7,8 +7,9 @@ output under ``OUTPUT_ROOT``), then :func:`load` (``results.csv`` → curves →
 Profiles: ``"full"`` = the sweep file's own (default) variants, seeds and budget, no ``--profile`` argument, in
 ``<OUTPUT_ROOT>/<stem>`` (with ``OUTPUT_ROOT = runs/sweeps``: the sweep file's ``output_dir``, so a notebook reads
 the runs of ``python -m jaxppo.sweep FILE`` and, once they are all finished, runs nothing); ``"ci"`` = ``--profile
-ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile extended`` (more variants) is not
-run by the notebooks.
+ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile extended`` (more variants, same
+``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those of its variants that
+``python -m jaxppo.sweep FILE --profile extended`` has finished there.
 
 :func:`mismatch` and :func:`verdict` are :mod:`jaxppo.sweeps.results`'s (one implementation for the notebooks and
 ``python -m jaxppo.sweeps.report``). Rule used by :func:`verdict` (stated in every notebook): variant ``v`` vs the
@@ -31,7 +32,7 @@ from pathlib import Path
 from jaxppo.sweeps.results import format_ci as _ci
 from jaxppo.sweeps.results import mismatch, verdict
 
-__all__ = ["load", "mismatch", "plots", "run_sweep", "sweep_output_dir", "table", "verdict"]
+__all__ = ["load", "load_extended", "mismatch", "plots", "run_sweep", "sweep_output_dir", "table", "verdict"]
 
 PROFILES = ("ci", "full")
 REPO = Path(__file__).resolve().parents[1]
@@ -110,21 +111,55 @@ def run_sweep(sweep_file: str | Path, profile: str, output_root: str | Path, *, 
 
 
 def load(out: str | Path, sweep_file: str | Path, profile: str):
-    """``(results DataFrame, summary DataFrame, curves)`` of the sweep in ``out``.
+    """``(results DataFrame, summary DataFrame, curves, spec)`` of the sweep in ``out``.
 
     ``results.csv`` rows are de-duplicated on (variant, seed, samples) keeping the last (a run that evaluates at
     step 0 itself repeats the step-0 point), then the summary is recomputed with
     :func:`jaxppo.sweeps.results.summarize` (final reward t-interval, AUC, data-efficiency ratio with its seed
-    bootstrap), with the sweep file's baseline, budget and bootstrap settings.
+    bootstrap), with the sweep file's baseline, budget and bootstrap settings, for the profile's variants only
+    (rows of other variants in the same ``results.csv``, e.g. from ``--profile extended``, are left out).
     """
+    spec = _spec(sweep_file, sweep_profile(profile), out)
+    return _load(out, spec, list(spec.variants))
+
+
+def load_extended(out: str | Path, sweep_file: str | Path):
+    """The ``--profile extended`` variants of ``sweep_file`` that have at least one finished run in
+    ``out/results.csv``, with the baseline: ``(results, summary, curves, spec)`` as :func:`load`, or ``None`` when
+    no such variant has run or the file has no extended profile. Read only: nothing is run (a notebook never runs the extended profile)."""
+    import pandas as pd
+    import yaml
+
+    file = REPO / sweep_file if not Path(sweep_file).is_absolute() else Path(sweep_file)
+    if "extended" not in (yaml.safe_load(file.read_text(encoding="utf-8")).get("profiles") or {}):
+        return None
+    spec = _spec(sweep_file, "extended", out)
+    default = _spec(sweep_file, None, out)
+    path = Path(out) / "results.csv"
+    if not path.is_file():
+        return None
+    res = pd.read_csv(path)
+    done = set(res.loc[res["status"] == "ok", "variant"])
+    extra = [v for v in spec.variants if v not in default.variants and v in done]
+    if not extra:
+        return None
+    return _load(out, spec, [spec.baseline, *extra])
+
+
+def _spec(sweep_file, profile, out):
+    from jaxppo.sweeps.spec import load_sweep
+
+    return load_sweep(REPO / sweep_file if not Path(sweep_file).is_absolute() else sweep_file, profile=profile,
+                      output_dir=str(out))
+
+
+def _load(out, spec, variants: list[str]):
     import pandas as pd
 
     from jaxppo.sweeps.results import RunCurve, summarize
-    from jaxppo.sweeps.spec import load_sweep
 
-    spec = load_sweep(REPO / sweep_file if not Path(sweep_file).is_absolute() else sweep_file,
-                      profile=sweep_profile(profile), output_dir=str(out))
     res = pd.read_csv(Path(out) / "results.csv")
+    res = res[res["variant"].isin(variants)]
     ok = res[res["status"] == "ok"].drop_duplicates(["variant", "seed", "samples"], keep="last")
     ok = ok.sort_values(["variant", "seed", "samples"])
     curves = []
@@ -135,7 +170,7 @@ def load(out: str | Path, sweep_file: str | Path, profile: str):
                                kl=list(g["kl"].astype(float)), wall=list(g["wall_time_s"].astype(float))))
     for _, r in res[res["status"] != "ok"].iterrows():
         curves.append(RunCurve(r["variant"], int(r["seed"]), str(r["status"]), str(r["error"])))
-    summary = pd.DataFrame(summarize(curves, list(spec.variants), spec.baseline, spec.budget_samples,
+    summary = pd.DataFrame(summarize(curves, variants, spec.baseline, spec.budget_samples,
                                      resamples=spec.bootstrap_resamples, seed=spec.bootstrap_seed))
     return ok.reset_index(drop=True), summary, curves, spec
 
@@ -157,11 +192,13 @@ def table(summary):
     return pd.DataFrame(rows).set_index("variant")
 
 
-def plots(curves, spec, out: str | Path) -> list[Path]:
-    """Write and display reward-vs-samples and reward-vs-KL (jaxppo.sweeps.plots) for these curves."""
+def plots(curves, spec, out: str | Path, variants=None, subdir: str = "plots") -> list[Path]:
+    """Write (into ``out/subdir``) and display reward-vs-samples and reward-vs-KL (jaxppo.sweeps.plots) for these
+    curves, of ``variants`` (default: the spec's)."""
     from jaxppo.sweeps.plots import plot_sweep
 
-    paths = plot_sweep(curves, list(spec.variants), Path(out) / "plots", title=spec.name)
+    names = list(spec.variants) if variants is None else list(variants)
+    paths = plot_sweep(curves, names, Path(out) / subdir, title=spec.name)
     try:
         from IPython.display import Image, display
 

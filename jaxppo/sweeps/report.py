@@ -31,10 +31,10 @@ from typing import Sequence
 from jaxppo.sweeps.results import _float, format_ci, mismatch, read_csv, summary_by_variant, verdict
 from jaxppo.sweeps.spec import SweepError, load_sweep
 
-# the sweeps of the four notebooks (issue 12), in the README's order
+# the sweeps of the four notebooks (issue 12), in the README's order; quickstart_replay is the SmolLM2-135M one
 DEFAULT_SWEEPS = tuple(f"configs/sweeps/{n}.yaml" for n in (
-    "is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "pf_filters",
-    "critic_free"))
+    "is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "quickstart_replay",
+    "pf_filters", "critic_free"))
 BEGIN, END = "<!-- sweep-results:begin -->", "<!-- sweep-results:end -->"
 HEADER = ("setting (sweep)", "variant", "seeds", "final held-out reward [95% CI]", "final KL",
           "efficiency vs baseline [95% CI]", "behaviour mismatch at step 1")

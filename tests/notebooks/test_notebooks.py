@@ -125,3 +125,60 @@ def test_notebooks_execute_ci_profile(tmp_path):
             assert lo <= mean <= hi, (name, m.group(0))
         # the sweep outputs went to OUTPUT_ROOT, with results.csv and summary tables read from there
         assert list(out_root.glob("*_ci/results.csv")), name
+
+
+def _write_results(path, rows):
+    import csv
+
+    cols = ("variant", "seed", "step", "samples", "tokens", "reward", "kl", "wall_time_s", "status", "error")
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in cols})
+
+
+def test_load_extended_reads_only_finished_extended_variants(tmp_path, monkeypatch):
+    """load() keeps the default variants only; load_extended() returns the baseline plus the --profile extended
+    variants that have finished rows (here per_a1.0 only), and None when none has run."""
+    from jaxppo.sweeps.spec import load_sweep
+
+    monkeypatch.chdir(REPO)
+    sr = _import_report()
+    f = "configs/sweeps/per_decay.yaml"
+    spec = load_sweep(REPO / f)
+    budget = spec.budget_samples
+    default = list(spec.variants)
+    rows = []
+    for v, level in [(default[0], 0.5), (default[1], 0.4), (default[2], 0.45)]:
+        for s in spec.seeds:
+            rows += [dict(variant=v, seed=s, step=0, samples=0, tokens=0, reward=0.1, kl=0.0, wall_time_s=1,
+                          status="ok"),
+                     dict(variant=v, seed=s, step=40, samples=budget, tokens=10, reward=level + 0.01 * s, kl=0.3,
+                          wall_time_s=2, status="ok")]
+    _write_results(tmp_path / "results.csv", rows)
+    assert sr.load_extended(tmp_path, f) is None
+
+    for s in spec.seeds:   # per_a1.0 ends far above the baseline; per_a0.4 only failed
+        rows += [dict(variant="per_a1.0", seed=s, step=0, samples=0, tokens=0, reward=0.1, kl=0.0, wall_time_s=1,
+                      status="ok"),
+                 dict(variant="per_a1.0", seed=s, step=40, samples=budget, tokens=10, reward=0.9 + 0.01 * s, kl=0.3,
+                      wall_time_s=2, status="ok")]
+    rows.append(dict(variant="per_a0.4", seed=0, status="failed", error="boom"))
+    _write_results(tmp_path / "results.csv", rows)
+    res, summary, curves, spec_x = sr.load_extended(tmp_path, f)
+    assert list(summary["variant"]) == [spec.baseline, "per_a1.0"]
+    assert set(res["variant"]) == {spec.baseline, "per_a1.0"}
+    assert "per_a1.0 vs " + spec.baseline + ": final reward 0.920" in sr.verdict(summary, "per_a1.0", spec.baseline)
+    assert ": higher" in sr.verdict(summary, "per_a1.0", spec.baseline)
+    _, summary_d, curves_d, _ = sr.load(tmp_path, f, "full")
+    assert list(summary_d["variant"]) == default
+    assert {c.variant for c in curves_d} == set(default)
+
+
+def test_load_extended_without_extended_profile(tmp_path):
+    """quickstart_replay.yaml has no extended profile: nothing to read, no error."""
+    sr = _import_report()
+    _write_results(tmp_path / "results.csv", [dict(variant="uniform_no_is", seed=0, step=0, samples=0, tokens=0,
+                                                   reward=0.1, kl=0.0, wall_time_s=1, status="ok")])
+    assert sr.load_extended(tmp_path, "configs/sweeps/quickstart_replay.yaml") is None
