@@ -72,6 +72,14 @@ def torch_model(cfg: LMConfig):
     return transformers.LlamaForCausalLM(hf).float().train()
 
 
+def write_json(res: dict, path: str | Path) -> None:
+    """Write a benchmark's result dict as indented JSON (creating the folder) and say where."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+
+
 def time_call(fn, n: int = 1) -> float:
     t0 = time.perf_counter()
     for _ in range(n):
@@ -172,10 +180,7 @@ def main(argv=None) -> dict:
           "   (median over repeats of max(jnp.dot, torch.matmul))")
     print(f"speed-up JAX / torch: {res['speedup_jax_over_torch']:.2f}x (median of paired ratios), "
           f"{res['speedup_of_min_times']:.2f}x (ratio of min times); JAX compile {jax_compile:.1f}s")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {out}")
+    write_json(res, args.out)
     return res
 
 

@@ -13,7 +13,6 @@ Times, alternately over ``--rounds`` rounds (best of 3 calls each):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -27,7 +26,7 @@ from jaxppo.models import CausalLM, LMConfig
 from jaxppo.models.layers import attention, attention_allowed, positions_from_mask, rope_cos_sin
 from jaxppo.models.transformer import _layer
 
-from model import SMOLLM2_135M  # benchmarks/model.py (run from benchmarks/ or with it on sys.path)
+from model import SMOLLM2_135M, write_json  # benchmarks/model.py (run from benchmarks/ or with it on sys.path)
 
 
 def best_of(fn, n: int = 3) -> float:
@@ -97,10 +96,7 @@ def main(argv=None) -> dict:
               f"{r['ratio']:>13.2f}")
     print(f"median (GEMMs + attention) / layer = {res['ratio_median']:.2f}; "
           f"GEMMs alone {res['gemm_gflops_per_s_median']:.0f} GFLOP/s")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {out}")
+    write_json(res, args.out)
     return res
 
 
