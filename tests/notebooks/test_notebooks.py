@@ -10,10 +10,11 @@ sharing one compilation cache across the notebooks of this module.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.notebooks.helper import import_sweep_report
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("importance_sampling", "prioritized_replay", "pf_ppo_filters", "ppo_vs_dpo_critic_free")
@@ -21,15 +22,6 @@ SWEEPS = ("is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", 
           "critic_free")
 VERDICT = re.compile(r"^  (\S+) vs (\S+): final reward (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] vs "
                      r"(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]: (higher|lower|no difference measured)")
-
-
-def _import_report():
-    sys.path.insert(0, str(REPO / "notebooks"))
-    try:
-        import sweep_report
-    finally:
-        sys.path.remove(str(REPO / "notebooks"))
-    return sweep_report
 
 
 def test_every_notebook_is_here_and_old_one_is_gone():
@@ -93,7 +85,7 @@ def _fake_summary(rows):
     ((0.90, float("nan"), float("nan")), "not measurable"),
 ])
 def test_verdict_rule(vals, word):
-    sr = _import_report()
+    sr = import_sweep_report()
     summ = _fake_summary([("base", (0.50, 0.45, 0.55, 1.0, 1.0, 1.0)), ("v", (*vals, 2.0, 1.5, 3.0))])
     text = sr.verdict(summ, "v", "base")
     assert f": {word}" in text
@@ -144,7 +136,7 @@ def test_load_extended_reads_only_finished_extended_variants(tmp_path, monkeypat
     from jaxppo.sweeps.spec import load_sweep
 
     monkeypatch.chdir(REPO)
-    sr = _import_report()
+    sr = import_sweep_report()
     f = "configs/sweeps/per_decay.yaml"
     spec = load_sweep(REPO / f)
     budget = spec.budget_samples
@@ -178,7 +170,7 @@ def test_load_extended_reads_only_finished_extended_variants(tmp_path, monkeypat
 
 def test_load_extended_without_extended_profile(tmp_path):
     """quickstart_replay.yaml has no extended profile: nothing to read, no error."""
-    sr = _import_report()
+    sr = import_sweep_report()
     _write_results(tmp_path / "results.csv", [dict(variant="uniform_no_is", seed=0, step=0, samples=0, tokens=0,
                                                    reward=0.1, kl=0.0, wall_time_s=1, status="ok")])
     assert sr.load_extended(tmp_path, "configs/sweeps/quickstart_replay.yaml") is None

@@ -17,6 +17,7 @@ import yaml
 
 from jaxppo.sweeps import report as RP
 from jaxppo.sweeps import results as R
+from tests.notebooks.helper import import_sweep_report
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK_SWEEPS = ("is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "pf_filters",
@@ -250,24 +251,15 @@ def test_mismatch_by_hand(tmp_path):
 
 # ----------------------------------------------------------------------------- the notebooks' helper
 
-def _sweep_report():
-    sys.path.insert(0, str(REPO / "notebooks"))
-    try:
-        import sweep_report
-    finally:
-        sys.path.remove(str(REPO / "notebooks"))
-    return sweep_report
-
-
 def test_notebook_helper_shares_verdict_and_mismatch():
-    sr = _sweep_report()
+    sr = import_sweep_report()
     assert sr.verdict is R.verdict and sr.mismatch is R.mismatch
 
 
 def test_full_profile_is_the_sweep_files_default(tmp_path, monkeypatch):
     """PROFILE "full" runs ``python -m jaxppo.sweep FILE`` without --profile into <root>/<stem> (the sweep file's
     output_dir when root is runs/sweeps); "ci" passes --profile ci into <root>/<stem>_ci."""
-    sr = _sweep_report()
+    sr = import_sweep_report()
     f = "configs/sweeps/is_onpolicy.yaml"
     assert sr.sweep_output_dir(f, "full", "runs/sweeps") == Path("runs/sweeps/is_onpolicy")
     assert Path(yaml.safe_load((REPO / f).read_text())["output_dir"]) == Path("runs/sweeps/is_onpolicy")
@@ -296,7 +288,7 @@ def test_full_profile_is_the_sweep_files_default(tmp_path, monkeypatch):
 
 def test_full_profile_loads_the_default_variants(tmp_path, monkeypatch):
     """``load(..., "full")`` uses the sweep file's own variants (what the lead's chain runs), not an extension."""
-    sr = _sweep_report()
+    sr = import_sweep_report()
     monkeypatch.chdir(REPO)  # the sweep file's base is relative to the repository root
     out = tmp_path / "is_onpolicy"
     out.mkdir()
