@@ -126,31 +126,31 @@ def load(out: str | Path, sweep_file: str | Path, profile: str):
 def load_extended(out: str | Path, sweep_file: str | Path):
     """The ``--profile extended`` variants of ``sweep_file`` that have at least one finished run in
     ``out/results.csv``, with the baseline: ``(results, summary, curves, spec)`` as :func:`load`, or ``None`` when
-    no such variant has run or the file has no extended profile. Read only: nothing is run (a notebook never runs the extended profile)."""
+    no such variant has run or the file has no extended profile. Read only: nothing is run."""
     import pandas as pd
     import yaml
 
-    file = REPO / sweep_file if not Path(sweep_file).is_absolute() else Path(sweep_file)
-    if "extended" not in (yaml.safe_load(file.read_text(encoding="utf-8")).get("profiles") or {}):
+    path = Path(out) / "results.csv"
+    raw = yaml.safe_load(_sweep_path(sweep_file).read_text(encoding="utf-8"))
+    if not path.is_file() or "extended" not in (raw.get("profiles") or {}):
         return None
     spec = _spec(sweep_file, "extended", out)
     default = _spec(sweep_file, None, out)
-    path = Path(out) / "results.csv"
-    if not path.is_file():
-        return None
     res = pd.read_csv(path)
     done = set(res.loc[res["status"] == "ok", "variant"])
     extra = [v for v in spec.variants if v not in default.variants and v in done]
-    if not extra:
-        return None
-    return _load(out, spec, [spec.baseline, *extra])
+    return _load(out, spec, [spec.baseline, *extra]) if extra else None
+
+
+def _sweep_path(sweep_file) -> Path:
+    """A sweep file path, relative ones taken from the repository root."""
+    return Path(sweep_file) if Path(sweep_file).is_absolute() else REPO / sweep_file
 
 
 def _spec(sweep_file, profile, out):
     from jaxppo.sweeps.spec import load_sweep
 
-    return load_sweep(REPO / sweep_file if not Path(sweep_file).is_absolute() else sweep_file, profile=profile,
-                      output_dir=str(out))
+    return load_sweep(_sweep_path(sweep_file), profile=profile, output_dir=str(out))
 
 
 def _load(out, spec, variants: list[str]):
