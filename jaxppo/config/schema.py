@@ -189,6 +189,9 @@ class ReplayConfig:
     beta0: float = field(0.4, ge=0.0, le=1.0)
     beta_steps: int | None = field(None, ge=1)  # defaults to trainer.total_steps
     eps: float = field(1e-6, gt=0.0)
+    # κ of the PER weights w_i = min(1, (max(m_min, κ·m_max) / m_i)^β) (jaxppo.replay.weights): every weight is
+    # >= κ^β however many items sit at the priority floor (0: the classic (m_min / m_i)^β, which collapses then)
+    weight_floor: float = field(0.1, ge=0.0, le=1.0)
     refresh_every: int = field(100, ge=1)
     decay: ReplayDecayConfig = field(default_factory=ReplayDecayConfig)  # priority staleness decay
 
@@ -325,6 +328,8 @@ class GuardsConfig:
     ppl_every: int = field(500, ge=1)
     ppl_tolerance: float = field(0.2, gt=0.0)  # roll back if held-out ppl > (1 + tol) x baseline
     max_nan_steps: int = field(3, ge=1)  # consecutive NaN/inf updates before a rollback
+    # replay/per_weight_mean below this -> a warning (the PER weights shrink the policy gradient vs the KL term)
+    min_per_weight_mean: float = field(0.05, ge=0.0, le=1.0)
 
 
 @dataclass(frozen=True)

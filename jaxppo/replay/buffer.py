@@ -7,8 +7,10 @@ Formulas (``N`` = number of valid items, i.e. filled slots with stored priority 
 
 - proportional: ``P(i) = p_i / Σ_k p_k`` with stored ``p_i = (|δ_i| + ε)^α``;
 - rank: ``P(i) = rank(i)^(-α) / Σ_{r=1..N} r^(-α)``, ``rank`` 1 = largest ``|δ| + ε`` (ties: lower slot first);
-- weights: ``w_i = (N·P(i))^(-β) / max_j (N·P(j))^(-β)``; the maximum is that of the least likely valid
-  item in the whole buffer, so ``w_i = (P_min / P(i))^β`` (``N`` cancels) and ``0 < w_i <= 1``;
+- weights (``weights.py``): ``w_i = min(1, (m_ref / m_i)^β)``, ``m_ref = min{m_j : m_j >= κ·m_max}`` with ``m_i``
+  the item's sampling mass (proportional: its leaf; rank: ``rank(i)^(-α)``), over the valid items, and ``κ`` =
+  ``init(weight_floor=...)``; so ``κ^β <= w_i <= 1`` and, for ``κ = 0`` (or no item below ``κ·m_max``),
+  Schaul et al.'s ``(N·P(i))^(-β) / max_j (N·P(j))^(-β) = (P_min / P(i))^β``;
 - duplicates in one ``update_priorities`` / ``set_priorities``: the LARGEST new value of a slot is
   stored (replacing the old one even if that was larger); the running max covers the stored values;
 - staleness decay (``staleness.py``, ``init(decay=..., decay_rate=r)``): ``p_i`` above is the stored priority
@@ -29,6 +31,7 @@ from jaxppo.parallel.mesh import batch_divisor
 from jaxppo.replay import staleness
 from jaxppo.replay import tree as tree_lib
 from jaxppo.replay.sampling import stratified_descent
+from jaxppo.replay.weights import per_weights, reference_mass
 from jaxppo.replay.state import (ReplayState, Sample, constrain, is_concrete, leading_sharding, leaf_name,
                                  replicated_sharding, stored_priority)
 
@@ -222,7 +225,7 @@ def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float |
     """Stratified prioritized sample of ``batch_size`` items (with replacement across strata).
 
     Returns :class:`Sample` with ``indices``, ``items``, exact ``probs`` ``P(i)`` and ``weights``
-    ``w_i = (N·P(i))^(-β) / max_j w_j`` (module docstring). Items with stored priority 0 are never drawn.
+    ``w_i = min(1, (m_ref / m_i)^β)`` (module docstring, ``weights.py``). Items with stored priority 0 are never drawn.
     Eager calls raise ``ValueError`` for an empty buffer and for ``batch_size > size`` (draws are with
     replacement, so this is a guard against misconfiguration, not a limitation); under ``jit`` neither
     is checked and an empty buffer returns ``probs == weights == 0``.
@@ -249,7 +252,7 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
 
     if state.prioritization == "proportional":
         leaves, tree = state.priorities, state.tree
-        m_min = tree_lib.total_and_min(tree, layout)[1]
+        m_ref = reference_mass(leaves, leaves > 0, state.weight_floor)
     else:
         raw = constrain(state.priorities, rep)
         order = jnp.argsort(-raw, stable=True).astype(jnp.int32)     # rank 1 first; ties: lower slot
@@ -257,7 +260,7 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
         ranks = jnp.arange(1, raw.shape[0] + 1, dtype=jnp.float32)
         leaves = jnp.where(ranks <= n_valid, ranks ** (-jnp.float32(state.alpha)), 0.0)   # mass by rank
         tree = tree_lib.build(leaves, layout)
-        m_min = jnp.maximum(n_valid, 1).astype(jnp.float32) ** (-jnp.float32(state.alpha))
+        m_ref = reference_mass(leaves, leaves > 0, state.weight_floor)
 
     def rows_of(l, nodes):
         f = layout.fanouts[l]
@@ -271,7 +274,7 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
 
     ok = (total > 0) & (m > 0)
     probs = jnp.where(ok, m / jnp.where(total > 0, total, 1.0), 0.0)
-    weights = jnp.where(ok, (m_min / jnp.where(m > 0, m, 1.0)) ** beta, 0.0)
+    weights = jnp.where(ok, per_weights(m, m_ref, beta), 0.0)
     if state.mesh is not None and batch_size % batch_divisor(state.mesh) == 0:
         def shard(x):       # the minibatch goes out split over the batch axes, like the train step wants it
             return constrain(x, leading_sharding(state.mesh, x.ndim))

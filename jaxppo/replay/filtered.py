@@ -11,8 +11,10 @@ correcting for the whole sampling distribution, as before, gave ``∝ (p_i f_i)^
 
 - proportional: the buffer stores ``f_i · q_i`` (:func:`filtered_stored_priority`), so it samples with
   ``P(i) = f_i q_i / Σ_j f_j q_j``; the loss weights (:func:`filtered_weights`) are the PER weights of the
-  priority part alone, ``w_i = (N·P_prio(i))^(−β) / max_j (N·P_prio(j))^(−β) = (q_min / q_i)^β`` with
-  ``q_min = min_{f_j>0} q_j``, ``q_i = stored_i / f_i``. Then ``P(i)·w_i ∝ f_i q_i^(1−β)``; ``0 < w_i <= 1``.
+  priority part alone, ``w_i = min(1, (q_ref / q_i)^β)`` with ``q_ref = min{q_j : q_j >= κ·q_max}`` over
+  ``f_j > 0`` (``weights.py``; ``κ = 0``: ``(N·P_prio(i))^(−β) / max_j (N·P_prio(j))^(−β) = (q_min / q_i)^β``),
+  ``q_i = stored_i / f_i``. Then ``P(i)·w_i ∝ f_i q_i^(1−β)`` for every item with ``q_i >= κ·q_max``, and
+  ``κ^β <= w_i <= 1``.
 - rank: the buffer stores ``|δ_i| + ε`` for ``f_i > 0`` (0 otherwise), so it samples with ``P_prio`` (the
   rank distribution has no multiplicative slot for ``f``); the loss weights are the sampler's PER weights
   times ``f_i / max_j f_j``: ``P(i)·w_i ∝ P_prio(i)^(1−β) · f_i``.
@@ -27,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxppo.replay.state import ReplayState, Sample, stored_priority
+from jaxppo.replay.weights import per_weights, reference_mass
 
 
 def filtered_stored_priority(state: ReplayState, td_abs: jax.Array, filter_w: jax.Array) -> jax.Array:
@@ -52,9 +55,8 @@ def filtered_weights(state: ReplayState, sample: Sample, filter_w: jax.Array, be
     cap = f_all.shape[0]
     pr = state.priorities[:cap]
     kept = (f_all > 0) & (pr > 0) & (jnp.arange(cap) < state.size)
-    q_all = jnp.where(kept, pr / jnp.where(kept, f_all, 1.0), jnp.inf)
-    q_min = jnp.min(q_all)
+    q_ref = reference_mass(jnp.where(kept, pr / jnp.where(kept, f_all, 1.0), 0.0), kept, state.weight_floor)
     pi = state.priorities[sample.indices]
-    ok = (f > 0) & (pi > 0) & jnp.isfinite(q_min)
+    ok = (f > 0) & (pi > 0)
     q = jnp.where(ok, pi / jnp.where(ok, f, 1.0), 1.0)
-    return jnp.where(ok, (jnp.where(ok, q_min, 1.0) / q) ** jnp.asarray(beta, jnp.float32), 0.0)
+    return jnp.where(ok, per_weights(q, q_ref, beta), 0.0)

@@ -4,8 +4,13 @@
   stored priority > 0), i.e. what the buffer holds now;
 - ``priority_running_max``: the running maximum of every priority ever stored (what new items get);
 - ``size``: filled slots; ``valid``: valid items;
+- ``floor_fraction``: share of the valid items at the priority floor, ``|δ_i| <= ε`` (stored priority before
+  staleness decay ``<= (2ε)^α``, rank: ``<= 2ε``): zero-advantage / zero-TD items, e.g. GRPO groups whose
+  responses all got the same reward;
+- ``weight_clipped_fraction``: share of the valid items whose sampling mass is below ``κ·m_max`` (``weights.py``):
+  they take no part in the PER weights' normalization and their weight is truncated to 1;
 - with a :class:`Sample`: ``weight_mean``, ``weight_min`` and ``sample_efficiency`` = share of the
-  sampled items whose PER weight is at least ``weight_floor`` (default 0.1, i.e. not down-weighted by
+  sampled items whose PER weight is at least ``efficiency_threshold`` (default 0.1, i.e. not down-weighted by
   more than 10x), and ``beta`` when given.
 
 All values are float32 ``jnp`` scalars (jittable; ``O(capacity)`` for the priority statistics).
@@ -20,23 +25,34 @@ from jaxppo.replay.state import ReplayState, Sample
 
 
 def metrics(state: ReplayState, sample: Sample | None = None, *, beta: float | jax.Array | None = None,
-            weight_floor: float = 0.1) -> dict[str, jax.Array]:
+            efficiency_threshold: float = 0.1) -> dict[str, jax.Array]:
     """The metrics of the module docstring."""
     p = state.priorities
     valid = (p > 0) & (jnp.arange(p.shape[0]) < state.size)
     n_valid = jnp.sum(valid)
+    nf = jnp.maximum(n_valid, 1).astype(jnp.float32)
+    floor_value = 2.0 * jnp.float32(state.eps)
+    if state.prioritization == "proportional":
+        floor_value = floor_value ** jnp.float32(state.alpha)
+        clipped = jnp.sum(valid & (p < jnp.float32(state.weight_floor) * jnp.max(jnp.where(valid, p, 0.0))))
+    else:       # rank masses r^(-α), the largest 1 (rank 1)
+        ranks = jnp.arange(1, p.shape[0] + 1, dtype=jnp.float32)
+        clipped = jnp.sum((ranks <= n_valid) & (ranks ** (-jnp.float32(state.alpha)) < state.weight_floor))
+    at_floor = valid & (state.base_priorities <= floor_value * (1.0 + 1e-5))
     out = {
         "priority_mean": jnp.sum(jnp.where(valid, p, 0.0)) / jnp.maximum(n_valid, 1).astype(jnp.float32),
         "priority_max": jnp.max(jnp.where(valid, p, 0.0)).astype(jnp.float32),
         "priority_running_max": state.max_priority.astype(jnp.float32),
         "size": state.size.astype(jnp.float32),
         "valid": n_valid.astype(jnp.float32),
+        "floor_fraction": jnp.sum(at_floor).astype(jnp.float32) / nf,
+        "weight_clipped_fraction": clipped.astype(jnp.float32) / nf,
     }
     if sample is not None:
         w = sample.weights.astype(jnp.float32)
         out["weight_mean"] = jnp.mean(w)
         out["weight_min"] = jnp.min(w)
-        out["sample_efficiency"] = jnp.mean((w >= weight_floor).astype(jnp.float32))
+        out["sample_efficiency"] = jnp.mean((w >= efficiency_threshold).astype(jnp.float32))
     if beta is not None:
         out["beta"] = jnp.asarray(beta, jnp.float32)
     return out

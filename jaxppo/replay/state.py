@@ -37,6 +37,7 @@ What is stored
                    ``0..size-1`` are filled.
 
 Static (not pytree leaves): ``capacity``, ``alpha``, ``eps``, ``prioritization``, ``decay``, ``decay_rate``,
+``weight_floor`` (``κ`` of the PER weights, ``weights.py``),
 the tree ``layout`` and the optional ``mesh``. With a mesh, ``storage`` and the per-slot arrays
 (``priorities``, ``base_priorities``, ``sample_count``, ``refresh_step``) are sharded over the batch axes
 ``("data", "fsdp")``; the small ``tree`` and the scalars are replicated.
@@ -55,6 +56,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxppo.parallel.mesh import BATCH_AXES, batch_divisor
 from jaxppo.replay.tree import TreeLayout, auto_layout
+from jaxppo.replay.weights import DEFAULT_WEIGHT_FLOOR, check_weight_floor
 
 PRIORITIZATIONS = ("proportional", "rank")
 DECAYS = ("none", "sampled", "age")
@@ -83,6 +85,7 @@ class ReplayState:
     mesh: Mesh | None = struct.field(pytree_node=False, default=None)
     decay: str = struct.field(pytree_node=False, default="none")
     decay_rate: float = struct.field(pytree_node=False, default=1.0)
+    weight_floor: float = struct.field(pytree_node=False, default=DEFAULT_WEIGHT_FLOOR)
 
 
 @struct.dataclass
@@ -91,7 +94,7 @@ class Sample:
 
     ``indices`` int32 ``[B]`` buffer slots; ``items`` the stored rows (the storage pytree, every leaf
     ``[B, ...]``); ``probs`` float32 ``[B]`` the exact sampling probability ``P(i)`` of each slot; ``weights``
-    float32 ``[B]`` the PER importance weights ``w_i = (N·P(i))^(-β) / max_j w_j``.
+    float32 ``[B]`` the PER importance weights ``w_i = min(1, (m_ref / m_i)^β)`` (``weights.py``).
     """
 
     indices: jax.Array
@@ -164,7 +167,8 @@ def example_leaves(example_item: Any) -> list[tuple[str, tuple[int, ...], np.dty
 
 def init(capacity: int, example_item: Any, *, alpha: float = 0.6, eps: float = 1e-6,
          prioritization: str = "proportional", mesh: Mesh | None = None,
-         leaf_fanout: int | None = None, decay: str = "none", decay_rate: float = 1.0) -> ReplayState:
+         leaf_fanout: int | None = None, decay: str = "none", decay_rate: float = 1.0,
+         weight_floor: float = DEFAULT_WEIGHT_FLOOR) -> ReplayState:
     """An empty buffer of ``capacity`` items shaped like ``example_item``.
 
     ``example_item``: any pytree (dict, tuple, ``flax.struct`` dataclass, nested; ``None`` nodes hold nothing)
@@ -176,7 +180,8 @@ def init(capacity: int, example_item: Any, *, alpha: float = 0.6, eps: float = 1
     (in ``(0, 1]``) the staleness decay of ``staleness.py``. With ``mesh`` (``jaxppo.parallel.make_mesh``)
     storage and priorities are sharded over ``("data", "fsdp")``; ``capacity`` must then be a multiple of the
     number of batch shards. ``leaf_fanout`` (a power of two ≤ 1024) is a speed knob for the tree's leaf rows;
-    the default comes from :func:`jaxppo.replay.tree.auto_layout`.
+    the default comes from :func:`jaxppo.replay.tree.auto_layout`. ``weight_floor`` (``κ`` in ``[0, 1]``) bounds
+    the PER weights below by ``κ^β`` (``weights.py``; 0 gives the classic ``(m_min / m_i)^β``).
     """
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise ValueError(f"replay capacity must be a positive integer, got {capacity!r}")
@@ -190,6 +195,7 @@ def init(capacity: int, example_item: Any, *, alpha: float = 0.6, eps: float = 1
     if decay not in DECAYS:
         raise ValueError(f"replay decay.kind must be one of {DECAYS}, got {decay!r}")
     decay_rate = _check_scalar("decay.rate", decay_rate, low=0.0, strict=True)
+    weight_floor = check_weight_floor(weight_floor)
     if decay_rate > 1.0:
         raise ValueError(f"replay.decay.rate must be in (0, 1], got {decay_rate!r}")
     example_leaves(example_item)     # validates: non-empty, array leaves
@@ -227,7 +233,7 @@ def init(capacity: int, example_item: Any, *, alpha: float = 0.6, eps: float = 1
         clock=jax.device_put(jnp.zeros((), jnp.int32), rep),
         decay_ref=jax.device_put(jnp.zeros((), jnp.int32), rep),
         capacity=capacity, alpha=alpha, eps=eps, prioritization=prioritization,
-        layout=layout, mesh=mesh, decay=decay, decay_rate=decay_rate,
+        layout=layout, mesh=mesh, decay=decay, decay_rate=decay_rate, weight_floor=weight_floor,
     )
 
 

@@ -20,6 +20,11 @@
 * **Perplexity guard** — ``check_perplexity(step, ppl)``: the first value is the baseline ``b``;
   later ``ppl > (1 + ppl_tolerance)·b`` or a non-finite ``ppl`` → ``"rollback"`` (to the last good
   checkpoint). ``should_check_perplexity(step)`` is ``step % ppl_every == 0``.
+* **PER-weight guard** — ``replay/per_weight_mean < min_per_weight_mean`` (the mean PER importance weight of
+  the sampled minibatch) → ``"weight_warning"``: the PER weights scale the policy-gradient and value losses
+  but not the KL and entropy terms, so a small mean weight stalls learning (e.g. ``replay.weight_floor=0`` with
+  many items at the priority floor, ``replay/floor_fraction``). Fires once when the mean crosses the threshold
+  and again only after it has recovered in between.
 * **NaN guard** — ``check_nan(step, streak, total)`` reads the counts the train step keeps on device
   (``TrainState.nan_streak``: consecutive skipped updates with a NaN/inf loss, 0 after a finite one;
   ``TrainState.nan_total``: all of them) — the one source of truth; ``streak >= max_nan_steps`` →
@@ -39,6 +44,8 @@ from jaxppo.config.schema import GuardsConfig
 
 LOWER_LR = "lower_lr"
 LENGTH_WARNING = "length_warning"
+WEIGHT_WARNING = "weight_warning"
+PER_WEIGHT_KEY = "replay/per_weight_mean"
 ROLLBACK = "rollback"
 
 DEFAULT_KL_KEYS = ("actor/ppo_kl",)
@@ -48,7 +55,7 @@ STATE_VERSION = 2  # 1: also held host copies of the NaN counts (ignored when re
 
 @dataclass(frozen=True)
 class GuardAction:
-    """``kind`` in {"lower_lr", "length_warning", "rollback"}; ``data`` holds JSON-able details."""
+    """``kind`` in {"lower_lr", "length_warning", "weight_warning", "rollback"}; ``data`` holds JSON-able details."""
 
     kind: str
     message: str
@@ -80,11 +87,23 @@ class Guards:
         self.length_sum = {k: 0.0 for k in self.length_keys}
         self.length_count = {k: 0 for k in self.length_keys}
         self.ppl_baseline: float | None = None
+        self.weight_low = False  # the mean PER weight is below min_per_weight_mean and was already reported
 
     # ------------------------------------------------------------------ per-step metrics
     def check(self, step: int, metrics: Mapping[str, Any]) -> list[GuardAction]:
-        """KL and response-length guards on one step's metrics (missing metrics are skipped)."""
+        """KL, response-length and PER-weight guards on one step's metrics (missing metrics are skipped)."""
         actions: list[GuardAction] = []
+        w = _finite(metrics.get(PER_WEIGHT_KEY))
+        if w is not None:
+            limit = self.cfg.min_per_weight_mean
+            if w < limit and not self.weight_low:
+                actions.append(GuardAction(
+                    WEIGHT_WARNING,
+                    f"{PER_WEIGHT_KEY}={w:.4g} < min_per_weight_mean={limit:g}: the PER weights shrink the policy "
+                    "gradient against the KL/entropy terms (items at the priority floor? see replay/floor_fraction; "
+                    "raise replay.weight_floor or use pf_ppo.filter=dynamic_sampling)",
+                    {"per_weight_mean": w, "threshold": limit}))
+            self.weight_low = w < limit
         for key in self.kl_keys:
             if key not in metrics:
                 continue
@@ -174,6 +193,7 @@ class Guards:
             "length_sum": {k: float(v) for k, v in self.length_sum.items()},
             "length_count": {k: int(v) for k, v in self.length_count.items()},
             "ppl_baseline": self.ppl_baseline,
+            "weight_low": bool(self.weight_low),
         }
 
     @classmethod
@@ -192,6 +212,7 @@ class Guards:
         g.length_sum = {k: float(d["length_sum"][k]) for k in g.length_keys}
         g.length_count = {k: int(d["length_count"][k]) for k in g.length_keys}
         g.ppl_baseline = None if d["ppl_baseline"] is None else float(d["ppl_baseline"])
+        g.weight_low = bool(d.get("weight_low", False))     # absent in states written before the weight guard
         return g
 
 
@@ -220,4 +241,4 @@ def cut_lr_scale(scale: float, data: Mapping[str, Any], base_lr: float) -> float
 
 
 __all__ = ["DEFAULT_KL_KEYS", "DEFAULT_LENGTH_KEYS", "GuardAction", "Guards", "LENGTH_WARNING", "LOWER_LR",
-           "ROLLBACK", "cut_lr_scale"]
+           "ROLLBACK", "WEIGHT_WARNING", "cut_lr_scale"]

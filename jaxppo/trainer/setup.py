@@ -270,7 +270,7 @@ def make_replay(cfg: Any, capacity: int, example: Any, mesh):
     """``replay_lib.init`` with the config's sampling and staleness-decay settings."""
     return replay_lib.init(capacity, example, alpha=cfg.replay.alpha, eps=cfg.replay.eps,
                            prioritization=cfg.replay.prioritization, mesh=mesh, decay=cfg.replay.decay.kind,
-                           decay_rate=cfg.replay.decay.rate)
+                           decay_rate=cfg.replay.decay.rate, weight_floor=cfg.replay.weight_floor)
 
 
 def abstract_replay(cfg: Any, mesh, capacity: int, example: Any):

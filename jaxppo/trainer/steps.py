@@ -384,6 +384,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             w = filtered_weights(state.replay, smp, state.replay.storage.data.filter_w, beta)
         else:
             w = jnp.ones_like(smp.weights)
+        w_stats = {"replay/per_weight_min": jnp.min(w), "replay/per_weight_max": jnp.max(w)}
         counts = None
         if pf.reweight:     # verl's resample, as per-row counts (module docstring, item 1)
             sel = replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(batch.data.score, pf.reweight_method,
@@ -432,7 +433,9 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             "actor/kl_coef": jnp.float32(hp.actor.kl_loss_coef if hp.actor.use_kl_loss else 0.0),
             "algorithm/kl_coef": new.kl_coef,
             "replay/priority_mean": rm["priority_mean"], "replay/priority_max": rm["priority_max"],
-            "replay/beta": beta,
+            "replay/floor_fraction": rm["floor_fraction"],
+            "replay/weight_clipped_fraction": rm["weight_clipped_fraction"],
+            "replay/beta": beta, **w_stats,
             "train/nan_skipped": (~finite).astype(jnp.float32),
             "train/nan_total": new.nan_total.astype(jnp.float32),
         })

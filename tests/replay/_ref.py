@@ -24,13 +24,16 @@ def probs(stored_p, alpha: float, prioritization: str = "proportional") -> np.nd
     return mass / mass.sum()
 
 
-def weights(P_all, indices, beta: float) -> np.ndarray:
-    """PER weights ``(N·P(i))^(-β) / max_j (N·P(j))^(-β)``, max over valid items (P > 0)."""
+def weights(P_all, indices, beta: float, weight_floor: float) -> np.ndarray:
+    """PER weights: Schaul et al.'s ``u_i / max_{j in S} u_j`` with ``u_i = (N·P(i))^(-β)``, the maximum over the set
+    ``S`` of valid items (P > 0) whose probability is at least ``κ·P_max``, and capped at 1 for the items outside
+    ``S``. ``κ = 0``: ``S`` = every valid item (the classic weights)."""
     P_all = np.asarray(P_all, np.float64)
     valid = P_all > 0
     n = valid.sum()
-    w_all = np.where(valid, (n * np.where(valid, P_all, 1.0)) ** (-beta), 0.0)
-    return w_all[np.asarray(indices)] / w_all[valid].max()
+    u = np.where(valid, (n * np.where(valid, P_all, 1.0)) ** (-beta), 0.0)
+    in_s = valid & (P_all >= weight_floor * P_all[valid].max())
+    return np.minimum(u[np.asarray(indices)] / u[in_s].max(), 1.0)
 
 
 def chi_square(counts, expected_p) -> tuple[float, int]:

@@ -227,7 +227,7 @@ def test_metrics_hand_computed():
     st = replay.add(replay.init(8, EXAMPLE, alpha=1.0, eps=0.0), items(range(4)),
                     jnp.array([1.0, 2.0, 0.0, 5.0]))
     s = replay.sample(st, jax.random.key(0), 4, beta=1.0)
-    m = jax.jit(lambda st, s: replay.metrics(st, s, beta=0.7, weight_floor=0.3))(st, s)
+    m = jax.jit(lambda st, s: replay.metrics(st, s, beta=0.7, efficiency_threshold=0.3))(st, s)
     assert float(m["priority_mean"]) == pytest.approx(8.0 / 3)           # slot 2 (priority 0) not valid
     assert float(m["priority_max"]) == 5.0 and float(m["size"]) == 4 and float(m["valid"]) == 3
     # weights (P_min / P_i)^1 with P_min = 1/8: items 0, 1, 3 -> 1, 1/2, 1/5

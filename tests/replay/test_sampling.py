@@ -15,10 +15,11 @@ from tests.replay import _ref
 EXAMPLE = {"x": jnp.zeros((), jnp.float32)}
 
 
-def filled(capacity, td, *, alpha=0.6, eps=1e-6, prioritization="proportional", n=None):
+def filled(capacity, td, *, alpha=0.6, eps=1e-6, prioritization="proportional", n=None, weight_floor=0.1):
     """A buffer holding ``n`` (default ``len(td)``) items ``x = slot`` with priorities from ``td``."""
     n = len(td) if n is None else n
-    st = replay.init(capacity, EXAMPLE, alpha=alpha, eps=eps, prioritization=prioritization)
+    st = replay.init(capacity, EXAMPLE, alpha=alpha, eps=eps, prioritization=prioritization,
+                     weight_floor=weight_floor)
     return replay.add(st, {"x": jnp.arange(n, dtype=jnp.float32)}, priorities=jnp.asarray(td, jnp.float32))
 
 
@@ -61,10 +62,10 @@ class ExactValuesTest(parameterized.TestCase):
     """probs, weights and indices, jitted and not."""
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters("proportional", "rank")
-    def test_probs_and_weights_exact(self, prioritization):
+    @parameterized.product(prioritization=("proportional", "rank"), weight_floor=(0.0, 0.1, 0.5))
+    def test_probs_and_weights_exact(self, prioritization, weight_floor):
         alpha, eps, beta = 0.6, 1e-6, 0.4
-        st = filled(16, TD, alpha=alpha, eps=eps, prioritization=prioritization)
+        st = filled(16, TD, alpha=alpha, eps=eps, prioritization=prioritization, weight_floor=weight_floor)
         st = replay.set_priorities(st, jnp.array([9]), jnp.array([0.0]))        # slot 9 switched off
         p_store = _ref.stored(TD, alpha, eps, prioritization)
         p_store[9] = 0.0
@@ -74,7 +75,7 @@ class ExactValuesTest(parameterized.TestCase):
         idx = np.asarray(s.indices)
         assert 9 not in idx
         np.testing.assert_allclose(s.probs, P[idx], rtol=2e-5)
-        np.testing.assert_allclose(s.weights, _ref.weights(P, idx, beta), rtol=2e-5)
+        np.testing.assert_allclose(s.weights, _ref.weights(P, idx, beta, weight_floor), rtol=2e-5)
         np.testing.assert_array_equal(s.items["x"], idx.astype(np.float32))
         assert np.all(np.asarray(s.weights) <= 1.0) and np.all(np.asarray(s.weights) > 0)
 
@@ -82,7 +83,7 @@ class ExactValuesTest(parameterized.TestCase):
     def test_weights_hand_computed(self):
         # stored p = (td + 0)^1 = [1, 2, 4, 1]; P = [1, 2, 4, 1] / 8; least likely P_min = 1/8.
         # w_i = (N P_i)^-β / (N P_min)^-β = (P_min / P_i)^β: β = 0.5 -> item 2 (P = 1/2): (1/4)^0.5 = 0.5
-        st = filled(8, [1.0, 2.0, 4.0, 1.0], alpha=1.0, eps=0.0)
+        st = filled(8, [1.0, 2.0, 4.0, 1.0], alpha=1.0, eps=0.0, weight_floor=0.0)
         sample = self.variant(replay.sample, static_argnames="batch_size")
         s = sample(st, jax.random.key(0), batch_size=4, beta=0.5)
         # strata of mass 2 each over the cumulative masses [0,1) [1,3) [3,7) [7,8):
@@ -93,6 +94,15 @@ class ExactValuesTest(parameterized.TestCase):
         w = {0: 1.0, 1: np.sqrt(0.5), 2: 0.5, 3: 1.0}
         np.testing.assert_allclose(s.probs, P[idx], rtol=1e-6)
         np.testing.assert_allclose(s.weights, [w[i] for i in idx], rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_weights_hand_computed_with_floor(self):
+        # the same buffer with κ = 0.5: m_max = 4, m_ref = max(m_min = 1, 0.5·4) = 2; w = min(1, (2 / m_i)^0.5):
+        # items 0 and 3 (m = 1) -> 1, item 1 (m = 2) -> 1, item 2 (m = 4) -> sqrt(1/2)
+        st = filled(8, [1.0, 2.0, 4.0, 1.0], alpha=1.0, eps=0.0, weight_floor=0.5)
+        s = self.variant(replay.sample, static_argnames="batch_size")(st, jax.random.key(0), batch_size=4, beta=0.5)
+        w = {0: 1.0, 1: 1.0, 2: np.sqrt(0.5), 3: 1.0}
+        np.testing.assert_allclose(s.weights, [w[i] for i in np.asarray(s.indices)], rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_beta_zero_gives_unit_weights(self):

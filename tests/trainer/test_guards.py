@@ -225,3 +225,25 @@ def test_from_state_dict_rejects_bad_state():
 def test_guard_action_is_plain_data():
     a = GuardAction("lower_lr", "m", {"lr": 1e-6})
     assert json.loads(json.dumps(a.data)) == {"lr": 1e-6}
+
+
+def test_per_weight_guard_warns_once_per_excursion():
+    g = Guards(GuardsConfig(min_per_weight_mean=0.05))
+    seq = [0.5, 0.06, 0.05, 0.04, 0.001, 0.2, 0.01, float("nan"), 0.01]
+    fired = [kinds(g.check(i, {"replay/per_weight_mean": v})) for i, v in enumerate(seq)]
+    # 0.05 is not < 0.05; warns at 0.04, quiet at 0.001, re-arms at 0.2, warns at 0.01; NaN is skipped
+    assert fired == [[], [], [], ["weight_warning"], [], [], ["weight_warning"], [], []]
+    a = Guards(GuardsConfig(min_per_weight_mean=0.05)).check(0, {"replay/per_weight_mean": 0.001})[0]
+    assert a.data == {"per_weight_mean": pytest.approx(0.001), "threshold": 0.05}
+    assert "replay.weight_floor" in a.message and "floor_fraction" in a.message
+
+
+def test_per_weight_guard_state_round_trip_and_old_states():
+    g = Guards(GuardsConfig())
+    g.check(0, {"replay/per_weight_mean": 0.0})
+    d = json.loads(json.dumps(g.state_dict()))
+    assert d["weight_low"] is True
+    assert kinds(Guards.from_state_dict(GuardsConfig(), d).check(1, {"replay/per_weight_mean": 0.0})) == []
+    del d["weight_low"]       # a state written before the weight guard existed
+    assert kinds(Guards.from_state_dict(GuardsConfig(), d).check(1, {"replay/per_weight_mean": 0.0})) == [
+        "weight_warning"]
