@@ -26,8 +26,8 @@ MAX_README_LINES = 150
 PENDING = {"docs/extending.md"}
 
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
-FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
-HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 
 
 def markdown_files() -> list[Path]:
@@ -40,7 +40,7 @@ def links(text: str) -> list[str]:
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, markup and punctuation dropped (``-`` and ``_`` kept), spaces -> ``-``."""
+    """GitHub's anchor of a heading: lower case, markup and punctuation dropped (``-``, ``_`` kept), spaces -> ``-``."""
     text = re.sub(r"`|\*\*|__", "", heading).strip().lower()
     text = "".join(c for c in text if c.isalnum() or c in " -_")
     return text.replace(" ", "-")
@@ -121,7 +121,8 @@ def schema_defaults() -> dict[str, str]:
 def configs_rows(text: str) -> dict[str, str]:
     """``{key: default}`` of the rows ``| `key` | `default` | ... |`` of configs.md (keys with a dot)."""
     rows = {}
-    for key, default in re.findall(r"^\|\s*`([a-z_]+(?:\.[a-z_0-9]+)+)`\s*\|\s*`([^`]*)`\s*\|", text, re.M):
+    row = re.compile(r"^\|\s*`([a-z_]+(?:\.[a-z_0-9]+)+)`\s*\|\s*`([^`]*)`\s*\|", re.MULTILINE)
+    for key, default in row.findall(text):
         assert key not in rows, f"docs/configs.md: key {key} has two rows"
         rows[key] = default
     return rows
@@ -144,7 +145,7 @@ def test_readme_links_every_doc_page():
 def test_readme_test_command_is_what_ci_runs():
     cmd = ci_command()
     assert cmd.endswith("pytest -q"), cmd          # .ci/run still ends with the test run
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
     assert cmd in [b.strip() for b in blocks], f"README.md has no bash block equal to .ci/run's commands: {cmd}"
 
 
@@ -181,7 +182,8 @@ def test_results_md_has_the_generator_markers():
 
 def test_slug_and_links_helpers():
     assert slug("Results: offline preference data (HH-RLHF)") == "results-offline-preference-data-hh-rlhf"
-    assert slug("Importance sampling and verl's rollout correction") == "importance-sampling-and-verls-rollout-correction"
+    assert slug("Importance sampling and verl's rollout correction") == \
+        "importance-sampling-and-verls-rollout-correction"
     assert slug("`pf_ppo`") == "pf_ppo"
     assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
     assert links("[x](a.md) [y](b.md#c)\n```\n[z](skipped.md)\n```\n`[1, 2]` (not a link)") == ["a.md", "b.md#c"]
@@ -195,7 +197,8 @@ def test_broken_links_are_found(tmp_path, monkeypatch):
 
 
 def test_configs_rows_reads_the_table():
-    text = "| key | default | meaning |\n| --- | --- | --- |\n| `a.b` | `null` | x |\n| `a.c.d` | `[0.9, 0.999]` | y |\n"
+    text = ("| key | default | meaning |\n| --- | --- | --- |\n| `a.b` | `null` | x |\n"
+            "| `a.c.d` | `[0.9, 0.999]` | y |\n")
     assert configs_rows(text) == {"a.b": "null", "a.c.d": "[0.9, 0.999]"}
     assert render_default((0.9, 0.999)) == "[0.9, 0.999]" and render_default(1e-5) == "1e-05"
     assert render_default(False) == "false" and render_default({}) == "{}" and render_default("k1+") == "k1+"

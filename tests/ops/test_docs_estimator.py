@@ -19,7 +19,7 @@ NAME = "score_minus_batch_mean"
 def _example_code() -> str:
     text = USAGE.read_text(encoding="utf-8")
     sec = text[text.index("## Advantage estimators"):]
-    return re.search(r"```python\n(.*?)```", sec, re.S).group(1)
+    return re.search(r"```python\n(.*?)```", sec, re.DOTALL).group(1)
 
 
 @pytest.fixture
