@@ -1,5 +1,6 @@
-"""README's "add an estimator" example works as written: executing its code block registers the estimator, the
-config accepts the name, the trainer's hyper-parameters build no critic for it, and it computes what it says."""
+"""docs/usage.md's "add an estimator" example works as written: executing its code block registers the estimator, the
+config accepts the name, the trainer's hyper-parameters build no critic for it, and it computes what it says; the
+critic-free command of that section loads."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import jax
 import numpy as np
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+USAGE = REPO / "docs" / "usage.md"
 NAME = "score_minus_batch_mean"
 
 
 def _example_code() -> str:
-    text = README.read_text(encoding="utf-8")
-    sec = text[text.index("### Advantage estimators"):]
-    return re.search(r"```python\n(.*?)```", sec, re.S).group(1)
+    text = USAGE.read_text(encoding="utf-8")
+    sec = text[text.index("## Advantage estimators"):]
+    return re.search(r"```python\n(.*?)```", sec, re.DOTALL).group(1)
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def registered():
     from jaxppo.ops.group_advantages import ADVANTAGE_ESTIMATORS
 
     ns: dict = {}
-    exec(compile(_example_code(), "README.md", "exec"), ns)   # noqa: S102 - our own README's example
+    exec(compile(_example_code(), "docs/usage.md", "exec"), ns)   # noqa: S102 - our own docs' example
     try:
         yield ns[NAME], ADVANTAGE_ESTIMATORS[NAME]
     finally:
@@ -33,7 +35,7 @@ def registered():
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_readme_estimator_registers_and_computes(registered, jit):
+def test_docs_estimator_registers_and_computes(registered, jit):
     fn, est = registered
     assert not est.needs_critic and not est.needs_groups
     r = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 3.0]], np.float32)
@@ -45,19 +47,19 @@ def test_readme_estimator_registers_and_computes(registered, jit):
     np.testing.assert_allclose(np.asarray(ret), np.asarray(adv))
 
 
-def test_readme_estimator_is_selectable_from_config(registered, shared_dir):
+def test_docs_estimator_is_selectable_from_config(registered, shared_dir):
     from jaxppo.config import load_config
     from jaxppo.trainer.hparams import step_hparams
 
-    cfg = load_config(str(README.parent / "configs" / "smoke.yaml"), [f"algorithm.adv_estimator={NAME}"])
+    cfg = load_config(str(REPO / "configs" / "smoke.yaml"), [f"algorithm.adv_estimator={NAME}"])
     assert cfg.algorithm.adv_estimator == NAME
     assert step_hparams(cfg).critic is None     # critic-free: no critic is built for it
 
 
-def test_readme_command_config_is_valid():
+def test_docs_command_config_is_valid():
     from jaxppo.config import load_config
 
     cmd = re.search(r"python -m jaxppo.train --config configs/smoke.yaml (algorithm\.adv_estimator=grpo[^\n]*)",
-                    README.read_text(encoding="utf-8")).group(1).split()
-    cfg = load_config(str(README.parent / "configs" / "smoke.yaml"), cmd)
+                    USAGE.read_text(encoding="utf-8")).group(1).split()
+    cfg = load_config(str(REPO / "configs" / "smoke.yaml"), cmd)
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.replay.priority == "group_variance"
