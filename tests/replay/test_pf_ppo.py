@@ -113,7 +113,7 @@ def test_resample_indices_frequencies():
 
 def test_bad_input():
     s, g = jnp.array(SCORES), jnp.array(GROUPS)
-    with pytest.raises(ValueError, match="filter must be one of"):
+    with pytest.raises(ValueError, match="unknown pf_ppo filter 'best_of_2'; known: best_of_n, best_random"):
         replay.filter_weights("best_of_2", s, g, 4)
     with pytest.raises(ValueError, match="needs group_ids and num_groups"):
         replay.filter_weights("best_worst", s)
@@ -127,11 +127,11 @@ def test_bad_input():
         replay.best_of_n(s[None], g, 4)
     with pytest.raises(ValueError, match="group_ids shape"):
         replay.best_of_n(s, g[:5], 4)
-    with pytest.raises(ValueError, match="reweight_method must be one of"):
+    with pytest.raises(ValueError, match="unknown pf_ppo reweight method 'max'; known: max_min, max_random, pow"):
         replay.batch_reweight(s, "max")
     with pytest.raises(ValueError, match="resampling weights"):
         replay.resample_indices(jax.random.key(0), jnp.zeros(3))
-    assert pf_ppo.BATCH_METHODS == ("pow", "max_min", "max_random")
+    assert pf_ppo.PF_REWEIGHTS.names() == ("max_min", "max_random", "pow")
 
 
 def dapo_reference(scores, groups, mask=None, atol=1e-6):
