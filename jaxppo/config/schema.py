@@ -277,7 +277,8 @@ class DPOConfig:
     beta: float = field(0.1, gt=0.0)
     loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "sigmoid_norm"] = "sigmoid"
     label_smoothing: float = field(0.0, ge=0.0, le=0.5)  # cDPO / robust epsilon (sigmoid, robust only)
-    rpo_alpha: float = field(0.0, ge=0.0)  # RPO: + rpo_alpha x NLL per token of the chosen answer
+    # RPO: + rpo_alpha x NLL of the chosen answers, a token mean over all chosen tokens of the batch (TRL)
+    rpo_alpha: float = field(0.0, ge=0.0)
     batch_size: int = field(32, ge=1)  # pairs per step
     micro_batch_size: int | None = field(None, ge=1)  # gradient accumulation chunk (divides batch_size)
 

@@ -525,8 +525,8 @@ def dpo(pc, pr, rc, rr, beta, loss_type, eps=0.0, nc=None, nr=None, rpo_alpha=0.
             loss = (-(1 - eps) * _log_sigmoid(beta * d) + eps * _log_sigmoid(-beta * d)) / (1 - 2 * eps)
         else:
             loss = -_log_sigmoid(beta * dn)
-        if rpo_alpha:
-            loss += rpo_alpha * (-float(pc[i]) / max(float(nc[i]), 1.0))
+        if rpo_alpha:   # TRL: one token-mean NLL over all chosen tokens of the batch, added to every pair
+            loss += rpo_alpha * (-sum(float(v) for v in pc) / max(sum(float(v) for v in nc), 1.0))
         losses.append(loss)
         ch.append(beta * uc)
         rj.append(beta * ur)
