@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import chex
+import hypothesis.extra.numpy as _hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -182,3 +183,18 @@ class DynamicSamplingTest(parameterized.TestCase):
             pf_ppo.dynamic_sampling_weights(jnp.array([1.0, 2.0]), jnp.array([0, 5]), 2)
         with pytest.raises(ValueError, match="atol must be >= 0"):
             pf_ppo.dynamic_sampling_weights(jnp.array([1.0, 2.0]), jnp.array([0, 1]), 2, atol=-1.0)
+
+
+def test_dropped_groups_counts_groups_whose_every_row_has_weight_zero():
+    # groups 0 (rows 0, 1: both 0) and 2 (row 3: 0) are dropped; group 1 keeps row 2; group 3 has no row
+    assert int(pf_ppo.dropped_groups(jnp.array([0.0, 0.0, 0.5, 0.0]), jnp.array([0, 0, 1, 2]), 4)) == 2
+    assert int(jax.jit(pf_ppo.dropped_groups, static_argnums=2)(jnp.ones(4), jnp.array([0, 0, 1, 2]), 4)) == 0
+
+
+@given(scores=_hnp.arrays(np.float32, (12,), elements=st_.sampled_from([0.0, 1.0, 2.0])),
+       groups=_hnp.arrays(np.int32, (12,), elements=st_.integers(0, 3)))
+def test_dropped_groups_of_the_dynamic_sampling_filter_is_its_own_count(scores, groups):
+    """The trainer's generic count (pf_ppo/dropped_groups of any filter) equals DAPO's n_dropped_groups."""
+    w, n = pf_ppo.dynamic_sampling_weights(jnp.asarray(scores), jnp.asarray(groups), 4)
+    assert int(pf_ppo.dropped_groups(w, groups, 4)) == int(n)
+    np.testing.assert_array_equal(replay.filter_weights("dynamic_sampling", scores, groups, 4), w)
