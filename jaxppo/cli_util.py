@@ -27,6 +27,7 @@ def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | Non
     """:func:`parse_config_args` for commands with options of their own: ``add_arguments(parser)`` adds them;
     returns ``(parsed args, Config)``. ``--config`` is required with ``config_required``."""
     from jaxppo.config import ConfigError, load_config
+    from jaxppo.config_names import check_config_names
 
     ap = argparse.ArgumentParser(prog=prog, description=description)
     if commands:
@@ -39,6 +40,7 @@ def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | Non
     args = ap.parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
     try:
         cfg = load_config(args.config, args.overrides)
+        check_config_names(cfg)
     except ConfigError as e:
         ap.exit(2, f"{prog}: config error: {e}\n")
     return args, cfg

@@ -24,7 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def work() -> dict:
         setup_logging(cfg.trainer.output_dir, "collect.log")
-        return collect(cfg, progress=cfg.trainer.progress)
+        from jaxppo.rewards import reward_fn_from_config
+
+        return collect(cfg, reward_fn_from_config(cfg.reward), progress=cfg.trainer.progress)
 
     def report(meta: dict) -> None:
         st, tm = meta["stats"], meta["timing_s"]

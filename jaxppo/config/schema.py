@@ -58,7 +58,8 @@ class ActorConfig:
     kl_loss_coef: float = field(0.001, ge=0.0)
     kl_loss_type: KLKind = "k1+"
     loss_agg_mode: AggMode = "token-mean"
-    # policy loss from jaxppo.trainer.registry.POLICY_LOSSES ("ppo": clipped surrogate with dual clip)
+    # a name of jaxppo.trainer.registry.POLICY_LOSSES ("ppo": clipped surrogate with dual clip); registry names
+    # are checked by jaxppo.config_names before any model loads
     policy_loss: str = "ppo"
     optim: OptimConfig = field(default_factory=OptimConfig)
 
@@ -130,7 +131,7 @@ class RolloutCorrectionConfig:
 class AlgorithmConfig:
     gamma: float = field(0.99, ge=0.0, le=1.0)
     lam: float = field(0.95, ge=0.0, le=1.0)
-    # advantage estimator from jaxppo.ops.ADVANTAGE_ESTIMATORS: gae (needs a critic) | grpo | rloo |
+    # a name of jaxppo.ops.ADVANTAGE_ESTIMATORS: gae (needs a critic) | grpo | rloo |
     # reinforce_plus_plus | reinforce_plus_plus_baseline (critic-free: no critic is built), or a registered name
     adv_estimator: str = "gae"
     norm_adv: bool = True  # whiten GAE advantages over the buffer (critic-free estimators normalise themselves)
@@ -140,12 +141,6 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     priority_agg: Literal["mean", "max"] = "mean"  # per-sequence priority p_i = agg_t |delta_t| (or |A_t|) + eps
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
-
-    def __post_init__(self):
-        from jaxppo.ops import ADVANTAGE_ESTIMATORS
-
-        check(self.adv_estimator in ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator",
-              f"unknown estimator {self.adv_estimator!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
 
 
 @dataclass(frozen=True)
@@ -181,9 +176,10 @@ class ReplayDecayConfig:
 class ReplayConfig:
     sampling: Literal["prioritized", "uniform"] = "prioritized"
     prioritization: Literal["proportional", "rank"] = "proportional"
-    # priority function (jaxppo.ops.priorities, whose table says which estimator each suits); default td_error
-    # with a critic (gae), abs_advantage without; td_error needs a critic
-    priority: Literal["td_error", "abs_advantage", "group_variance"] | None = None
+    # a name of jaxppo.ops.PRIORITIES (td_error | abs_advantage | group_variance; the table of
+    # jaxppo/ops/priorities.py says which estimator each suits); default td_error with a critic (gae),
+    # abs_advantage without; td_error needs a critic
+    priority: str | None = None
     capacity: int = field(10000, ge=1)
     alpha: float = field(0.6, ge=0.0)
     beta0: float = field(0.4, ge=0.0, le=1.0)
@@ -201,9 +197,11 @@ class PFPPOConfig:
     """Policy filtration (arXiv 2409.06957)."""
 
     enabled: bool = False
-    # dynamic_sampling: DAPO's filter, drops prompt groups whose scores are all equal (no group-relative signal)
-    filter: Literal["none", "best_of_n", "best_random", "best_worst", "pow", "dynamic_sampling"] = "none"
-    reweight_method: Literal["none", "pow", "max_min", "max_random"] = "none"  # batch level, verl semantics
+    # a name of jaxppo.replay.PF_FILTERS: none | best_of_n | best_random | best_worst | pow | dynamic_sampling
+    # (DAPO's filter, drops prompt groups whose scores are all equal: no group-relative signal)
+    filter: str = "none"
+    # "none" or a name of jaxppo.replay.PF_REWEIGHTS: pow | max_min | max_random (batch level, verl semantics)
+    reweight_method: str = "none"
     weight_pow: float = field(1.0, ge=0.0)
 
 
@@ -254,8 +252,8 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """``kind``: a reward of the registry ``jaxppo.rewards`` (built in: vader, length, format, model; more with
-    ``jaxppo.rewards.register_reward`` before the config is loaded); an unknown name is an error listing them."""
+    """``kind``: a name of the reward registry ``jaxppo.rewards.REWARDS`` (built in: vader, length, format, model;
+    more with ``@REWARDS.register`` before the config is checked); ``jaxppo.config_names`` checks it."""
 
     kind: str = "vader"
     model_path: str | None = None  # reward-model directory, kind=model
@@ -271,14 +269,6 @@ class RewardConfig:
     schedule: Literal["constant", "cosine"] = "constant"
     eval_batch_size: int = field(64, ge=1)
 
-    def __post_init__(self):
-        from jaxppo.rewards.registry import available_rewards
-
-        names = available_rewards()
-        check(self.kind in names, "reward.kind",
-              f"unknown reward {self.kind!r}; available: {', '.join(names)} (register others with "
-              "jaxppo.rewards.register_reward before loading the config)")
-
 
 @dataclass(frozen=True)
 class DPOConfig:
@@ -290,7 +280,8 @@ class DPOConfig:
     beta: float = field(0.1, gt=0.0)
     loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "sigmoid_norm"] = "sigmoid"
     label_smoothing: float = field(0.0, ge=0.0, le=0.5)  # cDPO / robust epsilon (sigmoid, robust only)
-    rpo_alpha: float = field(0.0, ge=0.0)  # RPO: + rpo_alpha x NLL per token of the chosen answer
+    # RPO: + rpo_alpha x NLL of the chosen answers, a token mean over all chosen tokens of the batch (TRL)
+    rpo_alpha: float = field(0.0, ge=0.0)
     batch_size: int = field(32, ge=1)  # pairs per step
     micro_batch_size: int | None = field(None, ge=1)  # gradient accumulation chunk (divides batch_size)
 

@@ -33,7 +33,7 @@ from jaxppo.data.behaviour import (compute_behaviour_logprobs, fill_behaviour_lo
 from jaxppo.data.conversation import Conversation, Message, apply_chat_template_file, render, render_prompt
 from jaxppo.data.hh import split_dialogue, split_pair
 from jaxppo.data.loading import read_json_strict, read_records
-from jaxppo.data.pipeline import LoadedRows, load_rows, rows_from_records, split_by_group, tokenize_rows
+from jaxppo.data.pipeline import LoadedRows, load_rows, prompt_groups, rows_from_records, split_by_group, tokenize_rows
 from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
 from jaxppo.data.schemas import PreferencePair, ScoredTrajectory
 from jaxppo.data.tokenize import tokenize_preference, tokenize_scored
@@ -44,6 +44,6 @@ __all__ = [
     "ScoredTrajectory", "apply_chat_template_file", "render", "render_prompt",
     "compute_behaviour_logprobs", "fill_behaviour_logprobs", "load_scored_arrays",
     "response_logprobs", "load_rows", "read_json_strict", "read_records", "require_rows",
-    "rows_from_records", "split_by_group", "split_dialogue", "split_pair", "tokenize_preference",
+    "prompt_groups", "rows_from_records", "split_by_group", "split_dialogue", "split_pair", "tokenize_preference",
     "tokenize_rows", "tokenize_scored", "validate_preference", "validate_scored",
 ]

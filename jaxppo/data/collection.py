@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -123,12 +123,15 @@ def sample_responses(model: Any, prompt_ids: Sequence[Sequence[int]], *, max_pro
     return out
 
 
-def collect(cfg: Config, *, progress: bool = True) -> dict:
-    """Run the collection described by ``cfg`` and write ``cfg.trainer.output_dir``; returns the metadata."""
+def collect(cfg: Config, reward_fn: Callable[[Sequence[str], Sequence[str]], np.ndarray], *,
+            progress: bool = True) -> dict:
+    """Run the collection described by ``cfg`` and write ``cfg.trainer.output_dir``; returns the metadata.
+
+    ``reward_fn(prompts, responses) -> float32 [N]`` scores the samples (the caller builds it, e.g.
+    ``jaxppo.rewards.reward_fn_from_config(cfg.reward)``: data sits below rewards)."""
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
     from jaxppo.models.dtypes import dtype_of
-    from jaxppo.rewards import reward_fn_from_config
 
     t0 = time.perf_counter()
     ro, dc = cfg.rollout, cfg.data
@@ -136,7 +139,6 @@ def collect(cfg: Config, *, progress: bool = True) -> dict:
     prompts = read_prompts(ro.prompts, ro.max_prompts)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = apply_chat_template_file(load_tokenizer(tokenizer_path(cfg.model)), dc.chat_template_file)
-    reward_fn = reward_fn_from_config(cfg.reward)  # fail early on a bad reward config
 
     report = DataReport(source=str(ro.prompts), rows_seen=len(prompts))
     encoded = encode_prompts(tokenizer, prompts, chat_template=ro.chat_template)

@@ -13,11 +13,17 @@ Row forms:
 - preference, implicit prompt: ``chosen`` / ``rejected`` full conversations; the prompt is everything but
   their last message, which must be an assistant turn in both, and the rest must be identical.
 
-Rendering (:func:`render`), with the tokenizer's chat template ``apply(messages)``::
+Rendering (:func:`render`), with the tokenizer's chat template ``apply(messages)``, as TRL's
+``apply_chat_template``::
 
-    prompt_text   = apply(prompt, add_generation_prompt=True)
-    full_text     = apply(prompt + response)
-    response_text = full_text[len(prompt_text):]          (prompt_text must be a prefix of full_text)
+    full_k        = apply(prompt + response_k)                  (one per response: chosen and rejected)
+    prompt_text   = common prefix of apply(prompt, add_generation_prompt=True) and every full_k
+    response_k    = full_k[len(prompt_text):]
+
+The common prefix serves templates whose generation prompt adds text that a rendered assistant turn does not
+start with (DeepSeek-R1 opens the generation with ``"<think>\n"``); for the others it is the generation prompt
+itself. The prefix must still contain the whole rendered prompt ``apply(prompt)`` (``template_mismatch``
+otherwise: the template renders the prompt differently inside the conversation).
 
 and whitespace after a final end-of-sequence token is cut from ``response_text`` (ChatML's
 ``"<|im_end|>\\n"`` -> ``"<|im_end|>"`` when ``<|im_end|>`` is the tokenizer's EOS), so a human response
@@ -49,11 +55,6 @@ Conversation = tuple[Message, ...]
 Text = str | Conversation
 
 
-def is_conversation(value: Any) -> bool:
-    """True for a parsed conversation (a tuple of :class:`Message`)."""
-    return isinstance(value, tuple) and all(isinstance(m, Message) for m in value)
-
-
 def check_str(value: Any, label: str, max_chars: int, *, allow_empty: bool = False,
               type_reason: str = "not_a_string", show_value: bool = True) -> str:
     """``value`` (a str, or UTF-8 bytes) as a usable text, or :class:`RowSkip` whose message starts with ``label``.
@@ -81,15 +82,17 @@ def check_str(value: Any, label: str, max_chars: int, *, allow_empty: bool = Fal
     return value
 
 
-def _content(value: Any, where: str, max_chars: int) -> str:
-    return check_str(value, f"{where} content", max_chars, type_reason="bad_message", show_value=False)
+def _content(value: Any, where: str, max_chars: int, allow_empty: bool = False) -> str:
+    return check_str(value, f"{where} content", max_chars, type_reason="bad_message", show_value=False,
+                     allow_empty=allow_empty)
 
 
 def parse_messages(value: Any, name: str, max_chars: int = 100_000) -> Conversation:
     """A list of ``{"role", "content"}`` mappings as a :data:`Conversation`, or :class:`RowSkip`.
 
     Reasons: ``empty_conversation``, ``bad_message`` (not a mapping, no string role/content),
-    ``unknown_role``, ``empty_text`` / ``text_too_long`` / ``invalid_utf8`` (of a content).
+    ``unknown_role``, ``empty_text`` / ``text_too_long`` / ``invalid_utf8`` (of a content). A system message
+    may be empty (chat templates render it, as TRL does); a user or assistant message may not.
     """
     items = value.tolist() if isinstance(value, np.ndarray) else list(value)
     if not items:
@@ -104,7 +107,7 @@ def parse_messages(value: Any, name: str, max_chars: int = 100_000) -> Conversat
         role = m["role"]
         if role not in ROLES:
             raise RowSkip("unknown_role", f"{where} has role {role!r:.40}; expected one of {', '.join(ROLES)}")
-        out.append(Message(role, _content(m["content"], where, max_chars)))
+        out.append(Message(role, _content(m["content"], where, max_chars, allow_empty=role == "system")))
     return tuple(out)
 
 
@@ -187,23 +190,39 @@ def render_prompt(tokenizer: Any, prompt: Conversation) -> str:
     return _apply(tokenizer, prompt, True)
 
 
-def render(tokenizer: Any, prompt: Conversation, response: Conversation) -> tuple[str, str]:
-    """``(prompt_text, response_text)`` (see the module docstring); ``RowSkip('template_mismatch')``
-    when the rendered prompt is not a prefix of the rendered conversation."""
-    prompt_text = render_prompt(tokenizer, prompt)
-    full = _apply(tokenizer, prompt + response, False)
-    if not full.startswith(prompt_text):
-        k = next((i for i, (a, b) in enumerate(zip(prompt_text, full)) if a != b), min(len(full), len(prompt_text)))
-        raise RowSkip("template_mismatch", f"the rendered prompt is not a prefix of the rendered conversation "
-                                           f"(they differ from character {k}: {prompt_text[k:k + 30]!r} vs "
-                                           f"{full[k:k + 30]!r})")
-    response_text = full[len(prompt_text):]
+def _common_prefix(a: str, b: str) -> str:
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[:k]
+
+
+def render(tokenizer: Any, prompt: Conversation, *responses: Conversation) -> tuple[str, ...]:
+    """``(prompt_text, response_text, ...)``, one response text per response (see the module docstring);
+    ``RowSkip('template_mismatch')`` when a rendered conversation does not start with the rendered prompt."""
+    gen_prompt = render_prompt(tokenizer, prompt)
+    base = _apply(tokenizer, prompt, False)
+    fulls = [_apply(tokenizer, prompt + r, False) for r in responses]
+    prompt_text = gen_prompt
+    for full in fulls:
+        if not full.startswith(base):
+            k = len(_common_prefix(base, full))
+            raise RowSkip("template_mismatch", f"the rendered prompt is not a prefix of the rendered conversation "
+                                               f"(they differ from character {k}: {base[k:k + 30]!r} vs "
+                                               f"{full[k:k + 30]!r})")
+        prompt_text = _common_prefix(prompt_text, full)
+    if len(prompt_text) < len(base):
+        k = len(prompt_text)
+        raise RowSkip("template_mismatch", f"the generation prompt changes the rendered prompt (from character {k}: "
+                                           f"{gen_prompt[k:k + 30]!r} vs {base[k:k + 30]!r})")
     eos = getattr(tokenizer, "eos_token", None)
-    if isinstance(eos, str) and eos and response_text.rstrip().endswith(eos):
-        response_text = response_text.rstrip()
-    if not response_text.strip():
-        raise RowSkip("empty_text", "the chat template renders the response to no text")
-    return prompt_text, response_text
+    texts = []
+    for full in fulls:
+        response_text = full[len(prompt_text):]
+        if isinstance(eos, str) and eos and response_text.rstrip().endswith(eos):
+            response_text = response_text.rstrip()
+        if not response_text.strip():
+            raise RowSkip("empty_text", "the chat template renders the response to no text")
+        texts.append(response_text)
+    return (prompt_text, *texts)
 
 
 def render_rows(tokenizer: Any, prompts: Sequence[Text], responses: Sequence[Sequence[Text]]
@@ -223,9 +242,10 @@ def render_rows(tokenizer: Any, prompts: Sequence[Text], responses: Sequence[Seq
             if any(not isinstance(field[i], str) for field in responses):
                 failures[i] = RowSkip("mixed_text_and_messages", "a plain-text prompt with chat-message responses")
             continue
-        try:
-            for f, field in enumerate(responses):
-                p_out[i], r_out[f][i] = render(tokenizer, p, as_response(field[i], "response"))
+        try:   # one prompt text for all the row's responses (the common prefix of all their renderings)
+            p_out[i], *texts = render(tokenizer, p, *(as_response(field[i], "response") for field in responses))
+            for f, text in enumerate(texts):
+                r_out[f][i] = text
         except RowSkip as e:
             failures[i] = e
     return p_out, r_out, failures

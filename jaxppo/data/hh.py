@@ -12,7 +12,6 @@ reason ``prompt_mismatch``; a dialogue without an Assistant turn is skipped as `
 from __future__ import annotations
 
 ASSISTANT = "\n\nAssistant:"
-HUMAN = "\n\nHuman:"
 
 
 def split_dialogue(text: str) -> tuple[str, str] | None:

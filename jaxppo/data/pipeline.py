@@ -64,6 +64,15 @@ def tokenize_rows(loaded: LoadedRows, tokenizer: Any, cfg: DataConfig) -> dict[s
     return arrays
 
 
+def prompt_groups(loaded: LoadedRows, arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """A dense id ``[N] int32`` of the prompt of each tokenized row of ``arrays`` (ids in order of first
+    appearance; a conversational prompt counts by its messages): the groups of the by-prompt split of pairs
+    (``split_by_group(prompt_groups(...).tolist(), ...)``, used by DPO and the reward model alike)."""
+    by_index = {row.index: row.prompt for row in loaded.rows}
+    table: dict[Any, int] = {}
+    return np.array([table.setdefault(by_index[int(i)], len(table)) for i in arrays["index"]], dtype=np.int32)
+
+
 def split_by_group(keys: list[Any], eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(train_rows, eval_rows)``: the distinct ``keys`` (e.g. prompts) are shuffled with ``seed``
     and the first ``round(eval_fraction · n_keys)`` go to eval, so no key is on both sides.

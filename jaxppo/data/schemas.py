@@ -27,7 +27,6 @@ from jaxppo.data.report import DataError
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 SCORED_FIELDS = ("prompt", "response", "score", "behaviour_logprobs", "group_id", "prompt_ids", "response_ids",
                  "completion", "label")
-SCORED_REQUIRED = ("prompt", "response", "score")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -163,6 +163,27 @@ def _conversational(prompt: Text, response: Text, name: str) -> tuple[Text, Text
 PreferenceFormat = Literal["auto", "explicit", "hh"]
 
 
+def looks_like(rec: Mapping[str, Any]) -> str | None:
+    """The preference format a (column-mapped) row looks like: ``"explicit"`` with a ``prompt`` value and
+    chosen/rejected answers, ``"hh"`` without a prompt and with HH-RLHF dialogues (an ``"\\n\\nAssistant:"``
+    turn) or conversations of more than one message; None when neither fits."""
+    chosen, rejected = rec.get("chosen"), rec.get("rejected")
+    if chosen is None or rejected is None:
+        return None
+    if rec.get("prompt") is not None:
+        return "explicit"
+    texts = (chosen, rejected)
+    if all(isinstance(t, str) and hh.ASSISTANT in t for t in texts):
+        return "hh"
+    if all(isinstance(t, (list, tuple, np.ndarray)) and len(t) > 1 for t in texts):
+        return "hh"
+    return None
+
+
+_FORMAT_NAMES = {"explicit": "explicit prompt/chosen/rejected rows (TRL's explicit-prompt form)",
+                 "hh": "implicit-prompt rows (HH-RLHF dialogues or whole conversations in chosen/rejected)"}
+
+
 def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
                         max_text_chars: int = 100_000, report: DataReport | None = None,
                         preference_format: PreferenceFormat = "auto") -> list[PreferencePair]:
@@ -205,6 +226,11 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
             if chosen == rejected:
                 raise _Bad("identical_pair", "chosen and rejected are the same text")
         except _Bad as bad:
+            seen = looks_like(rec) if preference_format != "auto" else None
+            if seen is not None and seen != fmt:
+                bad = _Bad("wrong_preference_format", f"{bad.message}; the row looks like {_FORMAT_NAMES[seen]}, but "
+                                                      f"data.preference_format={preference_format}: set "
+                                                      f"data.preference_format={seen} (or auto)")
             report.skip(bad.reason, f"row {i}: {bad.message}")
             continue
         out.append(PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, index=i))

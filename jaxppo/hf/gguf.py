@@ -13,6 +13,8 @@ Tensors are dequantized one at a time, when asked for.
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +63,20 @@ class GGUFSource:
         try:
             self._reader = GGUFReader(str(self.path))
         except Exception as e:  # the gguf package raises plain ValueError/struct errors on bad files
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as fh:
+                magic = fh.read(4)
+            if magic == b"GGUF":
+                short = re.search(r"cannot reshape array of size (\d+) into shape \(([\d, ]+)\)", str(e))
+                if short and int(short[1]) < math.prod(int(v) for v in short[2].split(",") if v.strip()):
+                    raise ValueError(f"{self.path}: the GGUF file is truncated: it has {size} bytes and a tensor "
+                                     f"of shape ({short[2]}) finds only {short[1]} of its values (an incomplete "
+                                     "download or copy? fetch the file again)") from None
+                raise ValueError(f"{self.path}: the GGUF file is truncated or damaged ({size} bytes; the GGUF reader "
+                                 f"failed: {e}); an incomplete download or copy? fetch the file again") from None
             raise ValueError(f"{self.path}: not a readable GGUF file ({e})") from None
         self._fields = self._reader.fields
+        self._check_complete()
         arch = self._field("general.architecture")
         if arch not in SUPPORTED:
             raise ValueError(f"{self.path}: general.architecture={arch!r} is not supported; "
@@ -82,6 +96,17 @@ class GGUFSource:
                 if any(u.startswith("rope_freqs") for u in unknown) else ""
             raise ValueError(f"{self.path}: GGUF tensor(s) with no Hugging Face counterpart: {unknown[:8]}{hint}")
         self._config = self._build_config()
+
+    def _check_complete(self) -> None:
+        """ValueError naming the file when a tensor's data runs past its end (a truncated file, e.g. an
+        interrupted download): the reader maps such a tensor to fewer bytes than its shape needs."""
+        size = self.path.stat().st_size
+        for t in self._reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size or t.data.nbytes < int(t.n_bytes):
+                raise ValueError(f"{self.path}: the GGUF file is truncated: it has {size} bytes but tensor "
+                                 f"{t.name!r} needs bytes up to {end} (an incomplete download or copy? fetch the "
+                                 "file again)")
 
     def _field(self, key: str, default=None):
         f = self._fields.get(key)

@@ -120,6 +120,3 @@ def vocab_parallel_axes(mesh, rows: int, vocab: int) -> tuple[str | None, tuple[
     row = "data" if mesh.shape["data"] > 1 and rows % mesh.shape["data"] == 0 else None
     return row, axes
 
-
-def spec_of(var: nnx.Variable, rules: Mapping | None = None) -> PartitionSpec:
-    return logical_to_spec(var_logical_axes(var), rules)

@@ -1,10 +1,9 @@
 """Pure RL maths for PPO on ``[B, T]`` arrays with a ``mask`` (1 on response tokens); verl numerics.
 
-Public API (DESIGN.md section 4). Every function is jittable;
-docstrings give the formulas. Modules: ``advantages`` (GAE), ``masked`` (masked reductions, whitening),
+Every function is jittable; docstrings give the formulas. Modules: ``advantages`` (GAE), ``masked`` (masked reductions, whitening),
 ``logits`` (entropy, log-probs), ``kl`` (estimators, the adaptive KL coefficient), ``losses`` (aggregation, policy and value
 losses), ``importance`` (behaviour importance weights), ``group_advantages`` (critic-free estimators and the
-``ADVANTAGE_ESTIMATORS`` registry), ``priorities`` (replay priorities, ``PRIORITY_FNS``), ``rollout_correction``
+``ADVANTAGE_ESTIMATORS`` registry), ``priorities`` (replay priorities, the ``PRIORITIES`` registry), ``rollout_correction``
 (verl's rollout IS weights, rejection masks, off-policy diagnostics), ``dpo`` (DPO-family losses), ``constants``
 (``LOG_RATIO_CLAMP``, shared by ``kl``, ``losses`` and ``importance``; not exported, like the other
 constants).
@@ -12,28 +11,27 @@ constants).
 
 from jaxppo.ops.advantages import gae
 from jaxppo.ops.dpo import dpo_loss, rpo_nll
-from jaxppo.ops.group_advantages import (ADVANTAGE_ESTIMATORS, AdvantageEstimator, AdvantageHParams,
-                                         get_advantage_estimator, grpo_advantages, register_advantage_estimator,
+from jaxppo.ops.group_advantages import (ADVANTAGE_ESTIMATORS, AdvantageEstimator, AdvantageHParams, grpo_advantages,
                                          reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages)
 from jaxppo.ops.importance import importance_weights
 from jaxppo.ops.kl import adaptive_kl_update, kl_penalty
 from jaxppo.ops.logits import entropy_from_logits, logprobs_from_logits
 from jaxppo.ops.losses import aggregate, policy_loss, value_loss
 from jaxppo.ops.masked import masked_mean, masked_whiten
-from jaxppo.ops.priorities import PRIORITY_FNS, priority_abs_advantage, priority_group_variance, priority_td_error
+from jaxppo.ops.priorities import PRIORITIES, Priority, priority_abs_advantage, priority_group_variance, priority_td_error
 from jaxppo.ops.rollout_correction import offpolicy_metrics, rejection_mask, rollout_correction_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdvantageEstimator",
     "AdvantageHParams",
-    "PRIORITY_FNS",
+    "PRIORITIES",
+    "Priority",
     "adaptive_kl_update",
     "aggregate",
     "dpo_loss",
     "entropy_from_logits",
     "gae",
-    "get_advantage_estimator",
     "grpo_advantages",
     "importance_weights",
     "kl_penalty",
@@ -45,7 +43,6 @@ __all__ = [
     "priority_abs_advantage",
     "priority_group_variance",
     "priority_td_error",
-    "register_advantage_estimator",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rejection_mask",

@@ -11,13 +11,18 @@ With ``u_c = pi_c - ref_c``, ``u_r = pi_r - ref_r``, ``D = u_c - u_r`` and the l
 * ``robust``:       ``(-(1 - eps) log sig(beta D) + eps log sig(-beta D)) / (1 - 2 eps)``
 * ``sigmoid_norm``: ``-log sig(beta D_norm)``                              (needs the lengths)
 
-``rpo_alpha > 0`` adds the RPO term ``rpo_alpha * rpo_nll(pi_c, n_c)`` with ``rpo_nll = -pi_c / max(n_c, 1)``
-(the per-token negative log-likelihood of the chosen response; needs ``chosen_length``).
+``rpo_alpha > 0`` adds ``rpo_alpha * nll`` to every pair's loss (needs ``chosen_length``), with ``nll`` the
+negative log-likelihood of the chosen responses averaged over all chosen tokens of the batch, as TRL's
+``DPOTrainer`` (its ``nll_loss`` is one ``cross_entropy`` over the flattened chosen tokens of the batch):
+``nll = -sum_i pi_c,i / max(sum_i n_c,i, 1)``, computed as ``mean_i(-pi_c,i) / L`` with ``L = max(sum_i n_c,i,
+1) / P`` the chosen tokens per pair (``rpo_tokens_per_pair``: pass the whole batch's value when the batch is
+split into micro-batches, so that the micro-batches' average is the batch's NLL). A mean of per-pair means
+``-pi_c,i / n_c,i`` would weigh each token of a 1-token answer 20 times as much as one of a 20-token answer.
 ``label_smoothing`` must be 0 for the loss types that do not use it (``hinge``, ``ipo``, ``sigmoid_norm``).
 
 Metrics (means over pairs, detached), TRL's names: ``rewards/chosen = E[beta u_c]``, ``rewards/rejected =
 E[beta u_r]``, ``rewards/accuracies = E[beta u_c > beta u_r]``, ``rewards/margins = E[beta (u_c - u_r)]``,
-``logps/chosen = E[pi_c]``, ``logps/rejected = E[pi_r]`` and, with RPO, ``nll_loss = E[rpo_nll]``.
+``logps/chosen = E[pi_c]``, ``logps/rejected = E[pi_r]`` and, with RPO, ``nll_loss = nll``.
 """
 
 from __future__ import annotations
@@ -41,19 +46,27 @@ def _length(name: str, length: Any, shape: tuple[int, ...], dtype: Any) -> jax.A
     return jnp.maximum(jnp.asarray(length, dtype), 1)
 
 
-def rpo_nll(chosen_logp: jax.Array, chosen_length: jax.Array) -> jax.Array:
-    """RPO's per-pair NLL of the chosen response: ``-chosen_logp / max(chosen_length, 1)`` ``[P]``."""
+def rpo_nll(chosen_logp: jax.Array, chosen_length: jax.Array,
+            tokens_per_pair: jax.Array | float | None = None) -> jax.Array:
+    """RPO's NLL (0-d): ``mean(-chosen_logp) / L``, with ``L = tokens_per_pair`` by default
+    ``max(sum chosen_length, 1) / P``, i.e. ``-sum chosen_logp / max(sum chosen_length, 1)``: the token mean over
+    all chosen tokens of the batch (TRL)."""
     check_ndim("chosen_logp", chosen_logp, 1, "[P]")
     check_floating("chosen_logp", chosen_logp)
     dtype = compute_dtype(chosen_logp)
-    n = _length("chosen_length", chosen_length, jnp.shape(chosen_logp), dtype)
-    return -jnp.asarray(chosen_logp, dtype) / n
+    shape = jnp.shape(chosen_logp)
+    if jnp.shape(chosen_length) != shape:
+        raise ValueError(f"chosen_length must have shape [P]={list(shape)}, got {list(jnp.shape(chosen_length))}")
+    if tokens_per_pair is None:
+        tokens_per_pair = jnp.maximum(jnp.sum(jnp.asarray(chosen_length, dtype)), 1) / max(shape[0], 1)
+    return -jnp.mean(jnp.asarray(chosen_logp, dtype)) / jnp.asarray(tokens_per_pair, dtype)
 
 
 def dpo_loss(chosen_logp: jax.Array, rejected_logp: jax.Array, ref_chosen_logp: jax.Array,
              ref_rejected_logp: jax.Array, *, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
              chosen_length: jax.Array | None = None, rejected_length: jax.Array | None = None,
-             rpo_alpha: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+             rpo_alpha: float = 0.0,
+             rpo_tokens_per_pair: jax.Array | float | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Per-pair DPO-family loss ``[P]`` and TRL's reward metrics (formulas in the module docstring).
 
     Reduce the loss with ``loss.mean()`` (TRL). Gradients flow into ``chosen_logp`` and ``rejected_logp`` (and,
@@ -117,7 +130,7 @@ def dpo_loss(chosen_logp: jax.Array, rejected_logp: jax.Array, ref_chosen_logp: 
         "logps/rejected": jnp.mean(jax.lax.stop_gradient(pr)),
     }
     if chosen_length is not None and (isinstance(rpo_alpha, jax.core.Tracer) or float(rpo_alpha) > 0):
-        nll = rpo_nll(pc, chosen_length)
+        nll = rpo_nll(pc, chosen_length, rpo_tokens_per_pair)
         loss = loss + jnp.asarray(rpo_alpha, dtype) * nll
-        metrics["nll_loss"] = jnp.mean(jax.lax.stop_gradient(nll))
+        metrics["nll_loss"] = jax.lax.stop_gradient(nll)
     return loss, metrics

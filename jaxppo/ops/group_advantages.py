@@ -24,13 +24,13 @@ ids, ``O(B log B)``) and ``segment_sum`` over the dense group index, so ``B`` ma
 two-pass ``sum (s - mean)^2 / (n - 1)``. A fully masked row has ``s_b = 0``, still counts as a member of its
 group (as in verl) and gets advantage 0 (``x m``).
 
-**Registry.** :data:`ADVANTAGE_ESTIMATORS` maps a config name to an :class:`AdvantageEstimator`: a callable with
+**Registry.** :data:`ADVANTAGE_ESTIMATORS` (a :class:`jaxppo.registry.Registry`) maps a config name to an :class:`AdvantageEstimator`: a callable with
 one signature ``est(token_rewards, values, mask, group_ids, hp) -> (advantages, returns)`` (``hp`` an
 :class:`AdvantageHParams`; ``values``/``group_ids`` may be ``None`` when the estimator does not use them) and
 the flags ``needs_critic`` / ``needs_groups``. Only ``gae`` needs a critic. To add an estimator, write one pure
 function and register an adapter::
 
-    @register_advantage_estimator("my_estimator", needs_groups=True)
+    @ADVANTAGE_ESTIMATORS.register("my_estimator", needs_groups=True)
     def _my_estimator(token_rewards, values, mask, group_ids, hp):
         return my_estimator(token_rewards, mask, group_ids, eps=hp.eps)
 
@@ -57,6 +57,7 @@ import jax.numpy as jnp
 from jaxppo.ops._checks import check_floating, check_ndim, check_same_shape, check_scalar_range, compute_dtype
 from jaxppo.ops.advantages import gae
 from jaxppo.ops.masked import masked_whiten
+from jaxppo.registry import Registry
 
 
 def _prepare(token_rewards: Any, mask: Any) -> tuple[jax.Array, jax.Array]:
@@ -221,51 +222,36 @@ class AdvantageEstimator:
         return self.fn(token_rewards, values, mask, group_ids, hp)
 
 
-#: name -> estimator (see the module docstring for how to add one)
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+def _estimator(name: str, fn: EstimatorFn, *, needs_critic: bool = False,
+               needs_groups: bool = False) -> AdvantageEstimator:
+    return AdvantageEstimator(name, fn, needs_critic, needs_groups)
 
 
-def register_advantage_estimator(name: str, *, needs_critic: bool = False,
-                                 needs_groups: bool = False) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: register ``fn(token_rewards, values, mask, group_ids, hp)`` under ``name``."""
-
-    def deco(fn: EstimatorFn) -> EstimatorFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_critic, needs_groups)
-        return fn
-
-    return deco
+#: name -> estimator; ``@ADVANTAGE_ESTIMATORS.register(name, needs_critic=..., needs_groups=...)`` adds one
+ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", wrap=_estimator)
 
 
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
-    """The registered estimator ``name`` (``ValueError`` listing the known names otherwise)."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
-    return ADVANTAGE_ESTIMATORS[name]
-
-
-@register_advantage_estimator("gae", needs_critic=True)
+@ADVANTAGE_ESTIMATORS.register("gae", needs_critic=True)
 def _gae(token_rewards, values, mask, group_ids, hp):
     return gae(token_rewards, values, mask, hp.gamma, hp.lam)
 
 
-@register_advantage_estimator("grpo", needs_groups=True)
+@ADVANTAGE_ESTIMATORS.register("grpo", needs_groups=True)
 def _grpo(token_rewards, values, mask, group_ids, hp):
     return grpo_advantages(token_rewards, mask, group_ids, norm_by_std=hp.norm_by_std, eps=hp.eps)
 
 
-@register_advantage_estimator("rloo", needs_groups=True)
+@ADVANTAGE_ESTIMATORS.register("rloo", needs_groups=True)
 def _rloo(token_rewards, values, mask, group_ids, hp):
     return rloo_advantages(token_rewards, mask, group_ids)
 
 
-@register_advantage_estimator("reinforce_plus_plus")
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
 def _reinforce_pp(token_rewards, values, mask, group_ids, hp):
     return reinforce_pp_advantages(token_rewards, mask, hp.gamma)
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline", needs_groups=True)
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", needs_groups=True)
 def _reinforce_pp_baseline(token_rewards, values, mask, group_ids, hp):
     return reinforce_pp_baseline_advantages(token_rewards, mask, group_ids, eps=hp.eps)
 

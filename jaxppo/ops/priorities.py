@@ -3,14 +3,14 @@
 ``mask`` is ``[B, T]``, 1 on response tokens; ``n_b = sum_t m_bt``. An empty row has priority 0.
 
 * :func:`priority_td_error`:      ``agg_t |delta_bt|`` over the mask (``agg`` ``"mean"``: ``sum_t m|delta| /
-  max(n_b, 1)``; ``"max"``: ``max_t m|delta|``). Same as the trainer's current ``sequence_priority``.
+  max(n_b, 1)``; ``"max"``: ``max_t m|delta|``).
 * :func:`priority_abs_advantage`: ``agg_t |A_bt|`` (same aggregation) -- for critic-free estimators.
 * :func:`priority_group_variance`: the unbiased variance of the scores of the row's prompt group,
   ``sum_g (s - mean_g)^2 / (n_g - 1)`` (0 for a group of one and for a group of equal scores: such a group
   gives every group-relative estimator zero advantage, hence no learning signal).
 
 =============================  ==================================  =====================================
-priority (``PRIORITY_FNS``)     inputs                              suits estimators
+priority (``PRIORITIES``)      inputs                              suits estimators
 =============================  ==================================  =====================================
 ``td_error``                   ``delta [B,T], mask``               ``gae`` (needs a critic)
 ``abs_advantage``              ``advantages [B,T], mask``          any (``grpo``, ``rloo``, ``reinforce_*``)
@@ -21,6 +21,7 @@ priority (``PRIORITY_FNS``)     inputs                              suits estima
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 
 from jaxppo.ops._checks import check_choice, check_floating, check_ndim, check_same_shape, compute_dtype
 from jaxppo.ops.group_advantages import group_stats
+from jaxppo.registry import Registry
 
 AGGS = ("mean", "max")
 
@@ -69,9 +71,37 @@ def priority_group_variance(scores: jax.Array, group_ids: jax.Array) -> jax.Arra
     return var
 
 
-#: name -> priority function (see the table in the module docstring for the inputs each takes)
-PRIORITY_FNS: dict[str, Callable[..., jax.Array]] = {
-    "td_error": priority_td_error,
-    "abs_advantage": priority_abs_advantage,
-    "group_variance": priority_group_variance,
-}
+@dataclasses.dataclass(frozen=True)
+class Priority:
+    """A registered priority: ``fn(*, delta, advantages, mask, score, group_id, agg) -> [B]`` (``delta`` is
+    ``None`` without a critic; a priority with ``needs_critic`` cannot run then)."""
+
+    name: str
+    fn: Callable[..., jax.Array]
+    needs_critic: bool = False
+
+    def __call__(self, *, delta: jax.Array | None, advantages: jax.Array, mask: jax.Array, score: jax.Array,
+                 group_id: jax.Array, agg: str = "mean") -> jax.Array:
+        if self.needs_critic and delta is None:
+            raise ValueError(f"replay priority {self.name!r} needs critic values (TD residuals); got delta=None")
+        return self.fn(delta=delta, advantages=advantages, mask=mask, score=score, group_id=group_id, agg=agg)
+
+
+#: name -> priority (the table in the module docstring); ``@PRIORITIES.register(name, needs_critic=...)`` on
+#: ``fn(*, delta, advantages, mask, score, group_id, agg)`` adds one
+PRIORITIES: Registry[Priority] = Registry("replay priority", wrap=Priority)
+
+
+@PRIORITIES.register("td_error", needs_critic=True)
+def _td_error(*, delta, advantages, mask, score, group_id, agg):
+    return priority_td_error(delta, mask, agg)
+
+
+@PRIORITIES.register("abs_advantage")
+def _abs_advantage(*, delta, advantages, mask, score, group_id, agg):
+    return priority_abs_advantage(advantages, mask, agg)
+
+
+@PRIORITIES.register("group_variance")
+def _group_variance(*, delta, advantages, mask, score, group_id, agg):
+    return priority_group_variance(score, group_id)

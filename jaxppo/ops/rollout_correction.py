@@ -17,15 +17,17 @@ whenever no row is fully masked).
   (sequence level), skipped when that mean is ``<= 1e-8``; ``rollout_is_batch_norm_factor`` = that mean (or 1);
 * ``w <- stop_gradient(w) * m``.
 
-Metrics (computed on ``rho``, before truncation/banding, as verl): ``rollout_is_mean`` (``masked_mean(rho)``
-over tokens), ``rollout_is_max|min`` (token: over valid tokens; sequence: ``exp(min(max_b L_b, 20))`` and
-``exp(min_b L_b)`` with ``L_b`` the unclamped log-ratio sum), ``rollout_is_ratio_fraction_high|low`` (share of
-units with ``rho > hi`` / ``rho < lo``; units = valid tokens or valid rows), ``rollout_is_oob_ratio`` (share of
-units the truncation or the band changed: ``rho > C``, resp. outside ``[lo, hi]``), ``rollout_is_std`` (masked
-std of ``clip(rho, lo, hi)``, 0 for ``<= 1`` valid token), ``rollout_is_eff_sample_size``
-(``1 / masked_mean((w_c / (masked_mean(w_c) + 1e-8))^2)`` with ``w_c = clip(rho, lo, hi)``; in ``(0, 1]``),
-and per-sequence ``q_b = masked_mean_t(rho_bt)``: ``rollout_is_seq_mean|std|max|min``,
-``rollout_is_seq_max_deviation = max |q_b - 1|``, ``rollout_is_seq_fraction_high|low``.
+Metrics, as verl 0.9.1 (``compute_is_metrics`` in ``verl/trainer/ppo/rollout_corr_helper.py``): with ``w`` the
+*applied* weights (after truncation or banding, before batch normalisation) and ``rho`` the raw ratios:
+``rollout_is_mean = masked_mean(w)`` over tokens; ``rollout_is_max|min``: token level, of ``w`` over valid
+tokens; sequence level, ``exp(min(max_b L_b, 20))`` and ``exp(min_b L_b)`` with ``L_b`` the unclamped log-ratio
+sum; ``rollout_is_ratio_fraction_high|low``: share of units whose raw ratio is ``> hi`` / ``< lo`` (units =
+valid tokens, or valid rows compared in log space); ``rollout_is_std``: masked std of ``w_s = clip(w, 0, hi)``
+(0 for ``<= 1`` valid token); ``rollout_is_eff_sample_size = 1 / masked_mean((w_s / (masked_mean(w_s) +
+1e-8))^2)``, in ``(0, 1]``; per sequence ``q_b = masked_mean_t(w_bt)``: ``rollout_is_seq_mean|std|max|min``,
+``rollout_is_seq_max_deviation = max |q_b - 1|``; ``rollout_is_seq_fraction_high|low``: share of rows whose raw
+mean ratio ``masked_mean_t(rho_bt)`` is ``> hi`` / ``< lo``; with a band only, ``rollout_is_oob_ratio =
+masked_mean(rho < lo or rho > hi)`` over tokens. For TIS, ``lo = 1/C``.
 
 **Rejection** (:func:`rejection_mask`), with ``l`` as above: ``k1 = -l``, ``k2 = l^2 / 2``,
 ``k3 = exp(l) - 1 - l`` per token. Criteria (comma-separated, every one must pass):
@@ -134,53 +136,53 @@ def rollout_correction_weights(log_ratio: jax.Array, mask: jax.Array, *, level: 
     if level == "token":
         rho = jnp.exp(jnp.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)) * m
         units = valid
-        unit_rho = rho
         fraction_high = _mean_over((rho > hi).astype(dtype), units)
         fraction_low = _mean_over((rho < lo).astype(dtype), units)
-        rho_max, rho_min = _max_over(rho, units), _min_over(rho, units)
     else:
         total = jnp.sum(lr, axis=-1)
-        unit_rho = jnp.exp(jnp.clip(total, -SAFETY_BOUND, SAFETY_BOUND))
-        rho = unit_rho[:, None] * m
+        rho = jnp.exp(jnp.clip(total, -SAFETY_BOUND, SAFETY_BOUND))[:, None] * m
         units = row_valid
         fraction_high = _mean_over((total > np.log(hi)).astype(dtype), units)
         fraction_low = _mean_over((total < np.log(lo)).astype(dtype), units)
         rho_max = jnp.exp(jnp.minimum(_max_over(total, units), SAFETY_BOUND))
         rho_min = jnp.exp(_min_over(total, units))
 
-    oob = unit_rho > hi if mode == "truncate" else (unit_rho > hi) | (unit_rho < lo)
+    if mode == "truncate":
+        w = jnp.minimum(rho, hi)
+    else:
+        w = jnp.where((rho >= lo) & (rho <= hi), rho, 0)
+    w = jax.lax.stop_gradient(w) * m
+    if level == "token":    # of the applied weights (verl 0.9.1)
+        rho_max, rho_min = _max_over(w, units), _min_over(w, units)
     n_tok = jnp.sum(m)
-    w_c = jnp.clip(rho, lo, hi)
-    mean_c = _masked_mean(w_c, m)
-    var_c = _masked_mean(jnp.square(w_c), m) - jnp.square(mean_c)
-    ess_den = _masked_mean(jnp.square(w_c / (mean_c + 1e-8)), m)
-    q = _masked_mean(rho, m, axis=-1)
+    w_s = jnp.clip(w, 0, hi)
+    mean_s = _masked_mean(w_s, m)
+    var_s = _masked_mean(jnp.square(w_s), m) - jnp.square(mean_s)
+    ess_den = _masked_mean(jnp.square(w_s / (mean_s + 1e-8)), m)
+    q = _masked_mean(w, m, axis=-1)
+    q_raw = _masked_mean(rho, m, axis=-1)
     n_rows = jnp.sum(row_valid)
     q_mean = _mean_over(q, row_valid)
     q_var = jnp.sum(jnp.where(row_valid, jnp.square(q - q_mean), 0)) / jnp.maximum(n_rows - 1, 1).astype(dtype)
     metrics = {
-        "rollout_is_mean": _masked_mean(rho, m),
+        "rollout_is_mean": _masked_mean(w, m),
         "rollout_is_max": rho_max.astype(dtype),
         "rollout_is_min": rho_min.astype(dtype),
         "rollout_is_ratio_fraction_high": fraction_high,
         "rollout_is_ratio_fraction_low": fraction_low,
-        "rollout_is_oob_ratio": _mean_over(oob.astype(dtype), units),
-        "rollout_is_std": jnp.where(n_tok > 1, jnp.sqrt(jnp.maximum(var_c, 0)), 0).astype(dtype),
+        "rollout_is_std": jnp.where(n_tok > 1, jnp.sqrt(jnp.maximum(var_s, 0)), 0).astype(dtype),
         "rollout_is_eff_sample_size": jnp.where(ess_den > 0, 1.0 / jnp.where(ess_den > 0, ess_den, 1), 0),
         "rollout_is_seq_mean": q_mean,
         "rollout_is_seq_std": jnp.where(n_rows > 1, jnp.sqrt(q_var), 0).astype(dtype),
         "rollout_is_seq_max": _max_over(q, row_valid),
         "rollout_is_seq_min": _min_over(q, row_valid),
         "rollout_is_seq_max_deviation": _max_over(jnp.abs(q - 1.0), row_valid),
-        "rollout_is_seq_fraction_high": _mean_over((q > hi).astype(dtype), row_valid),
-        "rollout_is_seq_fraction_low": _mean_over((q < lo).astype(dtype), row_valid),
+        "rollout_is_seq_fraction_high": _mean_over((q_raw > hi).astype(dtype), row_valid),
+        "rollout_is_seq_fraction_low": _mean_over((q_raw < lo).astype(dtype), row_valid),
     }
+    if mode != "truncate":
+        metrics["rollout_is_oob_ratio"] = _masked_mean(((rho < lo) | (rho > hi)).astype(dtype), m)
 
-    if mode == "truncate":
-        w = jnp.minimum(rho, hi)
-    else:
-        w = jnp.where((rho >= lo) & (rho <= hi), rho, 0)
-    w = jax.lax.stop_gradient(w) * m
     if batch_normalize:
         if level == "token":
             mean_w = _masked_mean(w, m)

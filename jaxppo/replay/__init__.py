@@ -10,12 +10,12 @@ from jaxppo.replay import filter_selection, pf_ppo, staleness
 from jaxppo.replay.buffer import add, record_sample, sample, set_priorities, update_priorities
 from jaxppo.replay.filter_selection import binned_r2, filter_r2
 from jaxppo.replay.metrics import metrics, staleness_metrics
-from jaxppo.replay.pf_ppo import (batch_reweight, best_of_n, best_random, best_worst, filter_weights,
+from jaxppo.replay.pf_ppo import (PF_FILTERS, PF_REWEIGHTS, batch_reweight, best_of_n, best_random, best_worst, filter_weights,
                                   pow_weights, resample_indices)
 from jaxppo.replay.schedule import beta_schedule, linear_beta
 from jaxppo.replay.state import ReplayState, Sample, init
 
-__all__ = ["ReplayState", "Sample", "add", "batch_reweight", "beta_schedule", "best_of_n",
+__all__ = ["PF_FILTERS", "PF_REWEIGHTS", "ReplayState", "Sample", "add", "batch_reweight", "beta_schedule", "best_of_n",
            "best_random", "best_worst", "binned_r2", "filter_r2", "filter_selection", "filter_weights", "init",
            "linear_beta", "metrics", "pf_ppo", "pow_weights", "record_sample", "resample_indices", "sample",
            "set_priorities", "staleness", "staleness_metrics", "update_priorities"]

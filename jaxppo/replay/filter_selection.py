@@ -27,8 +27,6 @@ import numpy as np
 from jaxppo.replay import pf_ppo
 from jaxppo.replay.state import is_concrete
 
-FILTERS = ("none", "best_of_n", "best_random", "best_worst", "pow")
-
 
 def bin_edges(rewards, num_bins: int) -> jax.Array:
     """``num_bins + 1`` equal-width edges over ``[min(rewards), max(rewards)]``."""
@@ -58,11 +56,12 @@ def binned_r2(rewards, actual, weights, edges) -> jax.Array:
 
 
 def filter_r2(rewards, actual, group_ids, num_groups: int, *, key: jax.Array, num_bins: int = 10,
-              weight_pow: float = 1.0, filters=FILTERS) -> dict[str, float]:
+              weight_pow: float = 1.0, filters=None) -> dict[str, float]:
     """``{filter name: R²}`` for each filter in ``filters`` (see the module docstring).
 
     ``rewards``, ``actual``: ``[B]`` float; ``group_ids``: ``[B]`` int prompt group of each response;
-    ``key`` drives ``best_random``; ``weight_pow`` is ``k`` of the ``pow`` filter.
+    ``key`` drives ``best_random``; ``weight_pow`` is ``k`` of the ``pow`` filter; ``filters`` defaults to every
+    name of ``pf_ppo.PF_FILTERS``.
     """
     if np.ndim(rewards) != 1 or np.shape(actual) != np.shape(rewards):
         raise ValueError(f"filter_r2: rewards {np.shape(rewards)} and actual {np.shape(actual)} must be "
@@ -71,9 +70,9 @@ def filter_r2(rewards, actual, group_ids, num_groups: int, *, key: jax.Array, nu
         raise ValueError(f"filter_r2: num_bins must be an int >= 2, got {num_bins!r}")
     if is_concrete(actual) and not bool(np.all(np.isfinite(np.asarray(actual)))):
         raise ValueError("filter_r2: actual scores contain NaN or inf")
-    unknown = [f for f in filters if f not in FILTERS]
-    if unknown:
-        raise ValueError(f"filter_r2: unknown filters {unknown}; choose from {FILTERS}")
+    filters = pf_ppo.PF_FILTERS.names() if filters is None else tuple(filters)
+    for name in filters:
+        pf_ppo.PF_FILTERS.get(name)  # an unknown name: an error listing the known ones, before any work
     edges = bin_edges(rewards, int(num_bins))
     out = {}
     for name in filters:

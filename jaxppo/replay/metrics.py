@@ -1,4 +1,4 @@
-"""Replay metrics for the logs (DESIGN.md §5 names, without the ``replay/`` prefix).
+"""Replay metrics for the logs (the trainer logs them with a ``replay/`` prefix, e.g. ``replay/priority_mean``).
 
 - ``priority_mean`` / ``priority_max``: mean / largest stored priority over valid items (filled,
   stored priority > 0), i.e. what the buffer holds now;

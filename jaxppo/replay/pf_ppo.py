@@ -7,6 +7,8 @@ returns a float32 weight per response, ``[B]``; filters return a 0/1 keep mask:
 - ``best_random``:  1 on the best and on one other response of the group drawn uniformly at random.
 - ``best_worst``:   1 on the best and on the worst response of the group.
 - ``pow``:          ``|s|^k``.
+- ``dynamic_sampling``: DAPO's filter, 0 on every row of a group whose scores are all equal, else 1.
+- ``none``:         1 on every real response.
 
 Ties are broken deterministically: the lowest batch index counts as the best; the worst is the lowest
 index among the minimal scores once the best is removed (so a group of equal scores keeps its first
@@ -22,14 +24,21 @@ Scores are sequence scores ``[B]`` (verl sums the token-level scores of each res
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.registry import Registry
 from jaxppo.replay.state import is_concrete
 
-GROUP_FILTERS = ("none", "best_of_n", "best_random", "best_worst", "pow")
-BATCH_METHODS = ("pow", "max_min", "max_random")
+#: ``pf_ppo.filter``: name -> ``fn(scores, group_ids, num_groups, *, key, weight_pow, mask) -> weights [B]``
+#: (dataset level, per prompt group); ``@PF_FILTERS.register(name)`` adds one
+PF_FILTERS: Registry[Callable[..., jax.Array]] = Registry("pf_ppo filter")
+#: ``pf_ppo.reweight_method`` (besides ``"none"``, off): name -> ``fn(scores [B], weight_pow) -> w [B]`` before the
+#: ``1e-8`` floor (batch level, verl's semantics); ``@PF_REWEIGHTS.register(name)`` adds one
+PF_REWEIGHTS: Registry[Callable[..., jax.Array]] = Registry("pf_ppo reweight method")
 
 
 def _check(scores, group_ids, num_groups, mask) -> None:
@@ -112,38 +121,68 @@ def pow_weights(scores, k: float, *, mask=None) -> jax.Array:
 
 def filter_weights(method: str, scores, group_ids=None, num_groups: int | None = None, *,
                    key: jax.Array | None = None, weight_pow: float = 1.0, mask=None) -> jax.Array:
-    """Dispatch on ``method`` in :data:`GROUP_FILTERS` (``"none"``: 1 on every real response)."""
-    if method not in GROUP_FILTERS:
-        raise ValueError(f"pf_ppo.filter must be one of {GROUP_FILTERS}, got {method!r}")
-    if method == "none":
-        _check(scores, None, None, mask)
-        return _valid(jnp.asarray(scores), mask).astype(jnp.float32)
-    if method == "pow":
-        return pow_weights(scores, weight_pow, mask=mask)
+    """The weights ``[B]`` of the filter ``method`` of :data:`PF_FILTERS` (``"none"``: 1 on every real response)."""
+    return PF_FILTERS.get(method)(scores, group_ids, num_groups, key=key, weight_pow=weight_pow, mask=mask)
+
+
+def _needs_groups(name: str, group_ids, num_groups) -> None:
     if group_ids is None or num_groups is None:
-        raise ValueError(f"pf_ppo filter {method!r} needs group_ids and num_groups")
-    if method == "best_of_n":
-        return best_of_n(scores, group_ids, num_groups, mask=mask)
-    if method == "best_worst":
-        return best_worst(scores, group_ids, num_groups, mask=mask)
+        raise ValueError(f"pf_ppo filter {name!r} needs group_ids and num_groups")
+
+
+@PF_FILTERS.register("none")
+def _none(scores, group_ids, num_groups, *, key, weight_pow, mask):
+    _check(scores, None, None, mask)
+    return _valid(jnp.asarray(scores), mask).astype(jnp.float32)
+
+
+@PF_FILTERS.register("pow")
+def _pow(scores, group_ids, num_groups, *, key, weight_pow, mask):
+    return pow_weights(scores, weight_pow, mask=mask)
+
+
+@PF_FILTERS.register("best_of_n")
+def _best_of_n(scores, group_ids, num_groups, *, key, weight_pow, mask):
+    _needs_groups("best_of_n", group_ids, num_groups)
+    return best_of_n(scores, group_ids, num_groups, mask=mask)
+
+
+@PF_FILTERS.register("best_worst")
+def _best_worst(scores, group_ids, num_groups, *, key, weight_pow, mask):
+    _needs_groups("best_worst", group_ids, num_groups)
+    return best_worst(scores, group_ids, num_groups, mask=mask)
+
+
+@PF_FILTERS.register("best_random")
+def _best_random(scores, group_ids, num_groups, *, key, weight_pow, mask):
+    _needs_groups("best_random", group_ids, num_groups)
     if key is None:
         raise ValueError("pf_ppo filter 'best_random' needs a PRNG key")
     return best_random(scores, group_ids, num_groups, key, mask=mask)
 
 
 def batch_reweight(scores, method: str, weight_pow: float = 2.0) -> jax.Array:
-    """verl's batch-level PF-PPO weights (module docstring), including the ``1e-8`` floor."""
-    if method not in BATCH_METHODS:
-        raise ValueError(f"pf_ppo.reweight_method must be one of {BATCH_METHODS}, got {method!r}")
+    """verl's batch-level PF-PPO weights (module docstring) of ``method`` in :data:`PF_REWEIGHTS`, with the
+    ``1e-8`` floor ``max(w + 1e-8, 1e-8)``."""
+    fn = PF_REWEIGHTS.get(method)
     _check(scores, None, None, None)
-    s = jnp.asarray(scores, jnp.float32)
-    if method == "pow":
-        w = jnp.abs(s) ** jnp.float32(weight_pow)
-    elif method == "max_min":
-        w = jnp.where((s == jnp.max(s)) | (s == jnp.min(s)), 1.0, 0.0)
-    else:
-        w = jnp.where(s == jnp.max(s), 0.4, 0.1)
+    w = fn(jnp.asarray(scores, jnp.float32), weight_pow)
     return jnp.maximum(w + 1e-8, 1e-8)
+
+
+@PF_REWEIGHTS.register("pow")
+def _reweight_pow(s, weight_pow):
+    return jnp.abs(s) ** jnp.float32(weight_pow)
+
+
+@PF_REWEIGHTS.register("max_min")
+def _reweight_max_min(s, weight_pow):
+    return jnp.where((s == jnp.max(s)) | (s == jnp.min(s)), 1.0, 0.0)
+
+
+@PF_REWEIGHTS.register("max_random")
+def _reweight_max_random(s, weight_pow):
+    return jnp.where(s == jnp.max(s), 0.4, 0.1)
 
 
 def resample_indices(key: jax.Array, weights, num_samples: int | None = None) -> jax.Array:
@@ -179,3 +218,18 @@ def dynamic_sampling_weights(scores, group_ids, num_groups: int, *, mask=None,
     dropped = (count > 1) & (hi - lo <= atol)
     weights = (valid & ~dropped[group_ids]).astype(jnp.float32)
     return weights, jnp.sum(dropped).astype(jnp.int32)
+
+
+@PF_FILTERS.register("dynamic_sampling")
+def _dynamic_sampling(scores, group_ids, num_groups, *, key, weight_pow, mask):
+    _needs_groups("dynamic_sampling", group_ids, num_groups)
+    return dynamic_sampling_weights(scores, group_ids, num_groups, mask=mask)[0]
+
+
+def dropped_groups(weights, group_ids, num_groups: int) -> jax.Array:
+    """Number of groups whose every row has weight 0 (int32): the groups a filter dropped entirely (for
+    ``dynamic_sampling``, its ``n_dropped_groups``)."""
+    w, g = jnp.asarray(weights, jnp.float32), jnp.asarray(group_ids, jnp.int32)
+    kept = jax.ops.segment_sum((w > 0).astype(jnp.int32), g, num_segments=num_groups)
+    present = jax.ops.segment_sum(jnp.ones(w.shape, jnp.int32), g, num_segments=num_groups) > 0
+    return jnp.sum(present & (kept <= 0)).astype(jnp.int32)

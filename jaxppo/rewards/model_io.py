@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxppo.data.schemas import PreferencePair
 from jaxppo.data.tokenize import encode_prompts, encode_responses, fit_prompt, fit_response, left_pad, pad_id_of, right_pad
 
 WEIGHTS = "reward_model.safetensors"
@@ -139,11 +138,6 @@ class RewardModelScorer:
                                        truncation=self.meta.get("truncation", "left"),
                                        chat_template=bool(self.meta.get("chat_template", False)))
         return score_arrays(self.model, t["input_ids"], t["attention_mask"], batch_size=self.batch_size)
-
-    def score_pairs(self, pairs: Sequence[PreferencePair]) -> tuple[np.ndarray, np.ndarray]:
-        """``(r_chosen [N], r_rejected [N])`` of preference pairs."""
-        prompts = [p.prompt for p in pairs]
-        return self(prompts, [p.chosen for p in pairs]), self(prompts, [p.rejected for p in pairs])
 
 
 def load_reward_scorer(path: str | Path, *, batch_size: int = 64) -> RewardModelScorer:

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxppo.data.pipeline import load_rows, split_by_group, tokenize_rows
+from jaxppo.data.pipeline import load_rows, prompt_groups, split_by_group, tokenize_rows
 from jaxppo.data.report import DataReport
 from jaxppo.rewards.model_io import save_reward_model
 
@@ -170,9 +170,8 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     loaded = load_rows(cfg.data)
     arrays = tokenize_rows(loaded, tokenizer, cfg.data)
     report = loaded.report
-    by_index = {p.index: p.prompt for p in loaded.rows}
-    prompts = [by_index[int(i)] for i in arrays["index"]]
-    train_rows, eval_rows = split_by_group(prompts, cfg.data.eval_fraction, cfg.data.seed)
+    groups = prompt_groups(loaded, arrays)
+    train_rows, eval_rows = split_by_group(groups.tolist(), cfg.data.eval_fraction, cfg.data.seed)  # as DPO
     if len(train_rows) == 0:
         raise ValueError("no training pairs left after the by-prompt split; lower data.eval_fraction")
     report.emit(print if progress else None)
@@ -222,7 +221,7 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
         "train/loss": last["train/loss"], "train/accuracy": last["train/accuracy"],
         "n_pairs": int(len(arrays["index"])), "n_train_pairs": int(len(train_rows)),
         "n_eval_pairs": int(len(eval_rows)),
-        "n_train_prompts": len({prompts[i] for i in train_rows}), "n_eval_prompts": len({prompts[i] for i in eval_rows}),
+        "n_train_prompts": len(set(groups[train_rows].tolist())), "n_eval_prompts": len(set(groups[eval_rows].tolist())),
         "epochs": cfg.reward.epochs, "steps": n_steps,
         "time/train_s": train_s, "time/total_s": time.perf_counter() - t0,
         **report.flat_metrics(), "data_report": report.to_dict(), "history": history,

@@ -1,23 +1,71 @@
-"""Reward registry: ``get_reward_fn(name, **kw) -> fn(prompts, responses) -> np.ndarray float32 [N]``.
+"""Reward registry ``REWARDS`` (``reward.kind``): ``reward_fn_from_config(cfg.reward)`` and ``get_reward_fn(name,
+**kw)`` return ``fn(prompts, responses) -> np.ndarray float32 [N]``.
 
-Built in: ``"vader"``, ``"length"`` (``target_length=``), ``"format"`` (``pattern=``) and
-``"model"`` (``path=`` a reward-model directory written by ``python -m jaxppo.reward train``).
-:func:`register_reward` adds more; :func:`reward_fn_from_config` builds one from ``cfg.reward``.
+An entry is a factory ``factory(**options) -> reward fn``; ``options`` of the decorator maps the factory's keyword
+arguments to the fields of the ``reward`` config section that :func:`reward_fn_from_config` passes::
+
+    @REWARDS.register("length", options={"target_length": "target_length"})
+    def _length(target_length=32): ...
+
+Built in: ``"vader"``, ``"length"`` (``reward.target_length``), ``"format"`` (``reward.format_pattern``) and
+``"model"`` (``reward.model_path``: a reward-model directory written by ``python -m jaxppo.reward train``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxppo.registry import Registry
 from jaxppo.rewards.functions import format_reward, length_reward, vader_reward
 
 RewardFn = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 
 
-def _model_factory(*, path: str | None = None, **kw: Any) -> RewardFn:
+@dataclasses.dataclass(frozen=True)
+class RewardEntry:
+    """A registered reward: ``factory(**kw) -> reward fn`` and ``options`` (factory keyword -> ``reward.<field>``)."""
+
+    name: str
+    factory: Callable[..., RewardFn]
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def build(self, **kw: Any) -> RewardFn:
+        """The reward function configured with ``kw`` (bad options: ``ValueError`` naming them)."""
+        try:
+            return self.factory(**kw)
+        except TypeError as e:
+            raise ValueError(f"reward {self.name!r}: bad options {sorted(kw)}: {e}") from None
+
+
+def _entry(name: str, factory: Callable[..., RewardFn], *, options: Mapping[str, str] | None = None) -> RewardEntry:
+    return RewardEntry(name, factory, dict(options or {}))
+
+
+#: name -> :class:`RewardEntry`; ``@REWARDS.register(name, options={...})`` on a factory adds one
+REWARDS: Registry[RewardEntry] = Registry("reward", wrap=_entry)
+
+
+@REWARDS.register("vader")
+def _vader() -> RewardFn:
+    return vader_reward
+
+
+@REWARDS.register("length", options={"target_length": "target_length"})
+def _length(target_length: int = 32) -> RewardFn:
+    return functools.partial(length_reward, target_length=target_length)
+
+
+@REWARDS.register("format", options={"pattern": "format_pattern"})
+def _format(pattern: str = r"[A-Z].*[.!?]") -> RewardFn:
+    return functools.partial(format_reward, pattern=pattern)
+
+
+@REWARDS.register("model", options={"path": "model_path"})
+def _model(*, path: str | None = None, **kw: Any) -> RewardFn:
     if not path:
         raise ValueError("reward 'model' needs path= (reward.model_path): a directory written by "
                          "`python -m jaxppo.reward train`")
@@ -26,42 +74,12 @@ def _model_factory(*, path: str | None = None, **kw: Any) -> RewardFn:
     return load_reward_scorer(path, **kw)
 
 
-_FACTORIES: dict[str, Callable[..., RewardFn]] = {
-    "vader": lambda: vader_reward,
-    "length": lambda target_length=32: functools.partial(length_reward, target_length=target_length),
-    "format": lambda pattern=r"[A-Z].*[.!?]": functools.partial(format_reward, pattern=pattern),
-    "model": _model_factory,
-}
-
-
-def register_reward(name: str, factory: Callable[..., RewardFn]) -> None:
-    """Register ``factory(**kw) -> reward fn`` under ``name`` (an existing name is an error)."""
-    if name in _FACTORIES:
-        raise ValueError(f"reward {name!r} is already registered")
-    _FACTORIES[name] = factory
-
-
-def available_rewards() -> list[str]:
-    return sorted(_FACTORIES)
-
-
 def get_reward_fn(name: str, **kw: Any) -> RewardFn:
     """The reward function registered as ``name``, configured with ``kw``."""
-    if name not in _FACTORIES:
-        raise ValueError(f"unknown reward {name!r}; available: {', '.join(available_rewards())}")
-    try:
-        return _FACTORIES[name](**kw)
-    except TypeError as e:
-        raise ValueError(f"reward {name!r}: bad options {sorted(kw)}: {e}") from None
+    return REWARDS.get(name).build(**kw)
 
 
 def reward_fn_from_config(reward_cfg: Any) -> RewardFn:
-    """Reward function of a :class:`~jaxppo.config.schema.RewardConfig` (``reward.kind`` and options)."""
-    kind = reward_cfg.kind
-    if kind == "length":
-        return get_reward_fn("length", target_length=reward_cfg.target_length)
-    if kind == "format":
-        return get_reward_fn("format", pattern=reward_cfg.format_pattern)
-    if kind == "model":
-        return get_reward_fn("model", path=reward_cfg.model_path)
-    return get_reward_fn(kind)
+    """Reward function of a ``reward`` config section: ``reward.kind`` with the entry's options read from it."""
+    entry = REWARDS.get(reward_cfg.kind)
+    return entry.build(**{kw: getattr(reward_cfg, key) for kw, key in entry.options.items()})

@@ -316,6 +316,7 @@ def plan_runs(spec: SweepSpec) -> list[RunSpec]:
     or the batch size does not divide ``eval.every_samples`` — before any run starts.
     """
     from jaxppo.config import ConfigError, load_config, to_dict
+    from jaxppo.config_names import check_config_names
 
     runs = []
     for variant, vover in spec.variants.items():
@@ -339,7 +340,9 @@ def plan_runs(spec: SweepSpec) -> list[RunSpec]:
                      *([f"trainer.eval_prompts={ev.prompts}"] if ev.prompts is not None else []),
                      f"trainer.output_dir={out}", "trainer.resume=auto"]
             try:
-                cfg = to_dict(load_config(spec.base, [*pre, *owned]))
+                loaded = load_config(spec.base, [*pre, *owned])
+                check_config_names(loaded)
+                cfg = to_dict(loaded)
             except ConfigError as e:
                 raise SweepError(f"{where}: config error: {e}") from None
             data = cfg.get("data", {})

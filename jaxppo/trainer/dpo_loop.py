@@ -88,15 +88,11 @@ def check_dpo_config(cfg: Any, n_devices: int) -> None:
 
 def load_pairs(cfg: Any, tokenizer: Any) -> tuple[dict[str, np.ndarray], np.ndarray, Any]:
     """``(arrays, prompt_group [N] int32, report)``: tokenized pairs and a dense id of each pair's prompt text."""
-    from jaxppo.data import load_rows, tokenize_rows
+    from jaxppo.data import load_rows, prompt_groups, tokenize_rows
 
     loaded = load_rows(cfg.data)
     arrays = tokenize_rows(loaded, tokenizer, cfg.data)
-    by_index = {p.index: p.prompt for p in loaded.rows}
-    table: dict[str, int] = {}
-    group = np.array([table.setdefault(json.dumps(by_index[int(i)], sort_keys=True, default=str), len(table))
-                      for i in arrays["index"]], dtype=np.int32)
-    return arrays, group, loaded.report
+    return arrays, prompt_groups(loaded, arrays), loaded.report
 
 
 def split_pairs(group: np.ndarray, data_cfg: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -103,16 +103,17 @@ def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array]) -
     return lp[:b], lp[b:]
 
 
-def pair_loss(graphdef: Any, params: Any, batch: dict[str, jax.Array],
-              hp: DPOHParams) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``mean_pairs dpo_loss`` of ``batch`` under ``params`` and TRL's metrics (``loss`` included)."""
+def pair_loss(graphdef: Any, params: Any, batch: dict[str, jax.Array], hp: DPOHParams,
+              rpo_tokens_per_pair: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``mean_pairs dpo_loss`` of ``batch`` under ``params`` and TRL's metrics (``loss`` included);
+    ``rpo_tokens_per_pair``: the whole batch's chosen tokens per pair when ``batch`` is one micro-batch of it."""
     pc, pr = policy_pair_logps(graphdef, params, batch)
     lengths = {}
     if hp.loss_type in ("ipo", "sigmoid_norm") or hp.rpo_alpha > 0:
         lengths = dict(chosen_length=batch["chosen_mask"].sum(1), rejected_length=batch["rejected_mask"].sum(1))
     loss, metrics = dpo_loss(pc, pr, batch["ref_chosen"], batch["ref_rejected"], beta=hp.beta,
                              loss_type=hp.loss_type, label_smoothing=hp.label_smoothing, rpo_alpha=hp.rpo_alpha,
-                             **lengths)
+                             rpo_tokens_per_pair=rpo_tokens_per_pair, **lengths)
     loss = loss.mean()
     return loss, {**metrics, "loss": loss}
 
@@ -131,7 +132,8 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
         mb = hp.micro_batch_size
         if b % mb:
             raise ValueError(f"batch of {b} pairs is not a multiple of micro_batch_size={mb}")
-        fn = jax.value_and_grad(lambda p, x: pair_loss(graphdef, p, x, hp), has_aux=True)
+        tpp = jnp.maximum(batch["chosen_mask"].sum(), 1) / b    # RPO's NLL: a token mean over the whole batch
+        fn = jax.value_and_grad(lambda p, x: pair_loss(graphdef, p, x, hp, tpp), has_aux=True)
         if mb == b:
             (_, metrics), grads = fn(params, batch)
             return grads, metrics

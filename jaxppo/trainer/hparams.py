@@ -12,7 +12,7 @@ whole ``Config``:
 - :class:`ImportanceHP`: ``importance.*`` (``ρ = ops.importance_weights``) and :class:`RolloutCorrHP`:
   ``algorithm.rollout_correction.*`` (verl's rollout IS weights and rejection mask; exclusive with
   ``importance.enabled``);
-- :class:`ReplayHP`: sampling, the priority function name (``jaxppo.ops.PRIORITY_FNS``), β schedule;
+- :class:`ReplayHP`: sampling, the priority function name (``jaxppo.ops.PRIORITIES``), β schedule;
 - :class:`PFHP`: PF-PPO filter and batch-level reweighting.
 """
 
@@ -59,7 +59,7 @@ class AdvantageHP:
 
     @property
     def needs_critic(self) -> bool:
-        return ops.get_advantage_estimator(self.estimator).needs_critic
+        return ops.ADVANTAGE_ESTIMATORS.get(self.estimator).needs_critic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ class RolloutCorrHP:
 @dataclasses.dataclass(frozen=True)
 class ReplayHP:
     prioritized: bool
-    priority: str          # a name of ops.PRIORITY_FNS
+    priority: str          # a name of ops.PRIORITIES
     priority_agg: str
     beta0: float
     beta_steps: int
@@ -128,19 +128,11 @@ def default_priority(needs_critic: bool) -> str:
 
 def step_hparams(cfg: Any) -> StepHP:
     """The records of ``cfg`` (see the module docstring); ``ConfigError`` for inconsistent settings."""
-    from jaxppo.trainer.registry import POLICY_LOSSES
-
     a, c, alg, ic, rc, pf = cfg.actor, cfg.critic, cfg.algorithm, cfg.importance, cfg.replay, cfg.pf_ppo
-    if alg.adv_estimator not in ops.ADVANTAGE_ESTIMATORS:
-        raise ConfigError(f"algorithm.adv_estimator: unknown estimator {alg.adv_estimator!r}; known: "
-                          f"{', '.join(sorted(ops.ADVANTAGE_ESTIMATORS))}")
-    if a.policy_loss not in POLICY_LOSSES:
-        raise ConfigError(f"actor.policy_loss: unknown policy loss {a.policy_loss!r}; known: "
-                          f"{', '.join(sorted(POLICY_LOSSES))}")
-    needs_critic = ops.get_advantage_estimator(alg.adv_estimator).needs_critic
+    needs_critic = ops.ADVANTAGE_ESTIMATORS.get(alg.adv_estimator).needs_critic
     priority = rc.priority or default_priority(needs_critic)
-    if priority == "td_error" and not needs_critic:
-        raise ConfigError(f"replay.priority=td_error needs a critic, but algorithm.adv_estimator="
+    if ops.PRIORITIES.get(priority).needs_critic and not needs_critic:
+        raise ConfigError(f"replay.priority={priority} needs a critic, but algorithm.adv_estimator="
                           f"{alg.adv_estimator!r} is critic-free; set replay.priority=abs_advantage (or "
                           "group_variance for group estimators)")
     corr = alg.rollout_correction

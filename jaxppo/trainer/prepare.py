@@ -104,19 +104,11 @@ def _chunked(fn, xs, chunk: int, mesh=None):
 
 def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Array, mask: jax.Array,
                     score: jax.Array, group_id: jax.Array) -> jax.Array:
-    """Per-slot priority ``p_i`` of ``replay.priority`` (``ops.PRIORITY_FNS``; table in ``jaxppo.ops.priorities``):
+    """Per-slot priority ``p_i`` of ``replay.priority`` (``ops.PRIORITIES``; table in ``jaxppo.ops.priorities``):
     ``td_error`` ``agg_t|δ_t|`` (needs a critic), ``abs_advantage`` ``agg_t|A_t|``, ``group_variance`` the
     unbiased variance of the row's group scores (over the whole buffer, so groups are whole)."""
-    name, agg = hp.replay.priority, hp.replay.priority_agg
-    if name == "td_error":
-        if delta is None:
-            raise ValueError("replay.priority=td_error needs critic values (TD residuals)")
-        return sequence_priority(delta, mask, agg)
-    if name == "abs_advantage":
-        return ops.priority_abs_advantage(advantages, mask, agg)
-    if name == "group_variance":
-        return ops.priority_group_variance(score, group_id)
-    raise ValueError(f"unknown replay.priority {name!r}; known: {', '.join(sorted(ops.PRIORITY_FNS))}")
+    return ops.PRIORITIES.get(hp.replay.priority)(delta=delta, advantages=advantages, mask=mask, score=score,
+                                                  group_id=group_id, agg=hp.replay.priority_agg)
 
 
 def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_shardings=None, hp: StepHP | None = None):
@@ -130,7 +122,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
     """
     hp = step_hparams(cfg) if hp is None else hp
     ah = hp.advantage
-    estimator = ops.get_advantage_estimator(ah.estimator)
+    estimator = ops.ADVANTAGE_ESTIMATORS.get(ah.estimator)
     critic = hp.critic
     share = critic is not None and critic.share_trunk
     prioritized = hp.replay.prioritized
@@ -182,21 +174,16 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
 def pf_filter(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, int]]:
     """PF-PPO dataset filter weights ``f_i`` (``pf_ppo.filter``; all 1 when PF-PPO is off) and the filter's counts.
 
-    ``dynamic_sampling`` (DAPO, ``replay.pf_ppo.dynamic_sampling_weights``): ``f_i = 0`` for every row of a group
-    whose scores are all equal (no group-relative signal), else 1; the counts hold ``pf_ppo/dropped_groups``
-    (0 for the other filters)."""
+    The filter is ``replay.pf_ppo.PF_FILTERS[pf_ppo.filter]``; the counts hold ``pf_ppo/dropped_groups``, the
+    groups whose every row got weight 0 (``dynamic_sampling``, DAPO: the groups whose scores are all equal)."""
     pf = cfg.pf_ppo
     if not pf.enabled or pf.filter == "none":
         return np.ones(score.shape, np.float32), {"pf_ppo/dropped_groups": 0}
     groups, gid = np.unique(group_id, return_inverse=True)
     s, g = jnp.asarray(score, jnp.float32), jnp.asarray(gid, jnp.int32)
-    dropped = 0
-    if pf.filter == "dynamic_sampling":
-        w, n = replay_lib.pf_ppo.dynamic_sampling_weights(s, g, int(len(groups)))
-        dropped = int(n)
-    else:
-        w = replay_lib.filter_weights(pf.filter, s, g, int(len(groups)), key=jax.random.PRNGKey(seed),
-                                      weight_pow=pf.weight_pow)
+    w = replay_lib.filter_weights(pf.filter, s, g, int(len(groups)), key=jax.random.PRNGKey(seed),
+                                  weight_pow=pf.weight_pow)
+    dropped = int(replay_lib.pf_ppo.dropped_groups(w, g, int(len(groups))))
     w = np.asarray(w, np.float32)
     if not (w > 0).any():
         raise ValueError(f"pf_ppo.filter={pf.filter!r} gives every trajectory weight 0; nothing to train on")

@@ -102,6 +102,7 @@ def ensure_data(cfg: Any) -> None:
     if p.exists() or not dc.collect_if_missing:
         return
     from jaxppo.data.collection import collect
+    from jaxppo.rewards import reward_fn_from_config
 
     fmt = {".parquet": "parquet", ".jsonl": "jsonl"}.get(p.suffix)
     if fmt is None or p.name not in ("data.parquet", "data.jsonl"):
@@ -109,7 +110,7 @@ def ensure_data(cfg: Any) -> None:
     logger.info("data.path %s is missing: collecting it (jaxppo.data.collection)", p)
     ccfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, output_dir=str(p.parent)),
                                rollout=dataclasses.replace(cfg.rollout, output_format=fmt))
-    collect(ccfg, progress=cfg.trainer.progress)
+    collect(ccfg, reward_fn_from_config(cfg.reward), progress=cfg.trainer.progress)
 
 
 def _round_up(x: int, m: int) -> int:

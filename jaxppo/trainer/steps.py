@@ -61,7 +61,7 @@ from jaxppo.trainer.batch import BufferItem
 from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
 from jaxppo.trainer.hparams import StepHP, step_hparams
 from jaxppo.trainer.prepare import sequence_priority, td_residuals
-from jaxppo.trainer.registry import get_policy_loss
+from jaxppo.trainer.registry import POLICY_LOSSES
 from jaxppo.trainer.state import TrainState, lr_schedule, set_learning_rate
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
@@ -155,7 +155,7 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     ml = m * keep
     cw = count_weights(counts, ml, a.agg)
     weights = jax.lax.stop_gradient(w[:, None] * cw * rho)
-    pg_loss, pgm = get_policy_loss(a.policy_loss)(logp, prox, pr.advantages, ml, a, weights)
+    pg_loss, pgm = POLICY_LOSSES.get(a.policy_loss)(logp, prox, pr.advantages, ml, a, weights)
     entropy = ops.aggregate(ent * cw, ml, a.agg)
     kl_loss = ops.aggregate(ops.kl_penalty(logp, d.ref_logp, a.kl_loss_type) * cw, ml, a.agg)
     total = pg_loss - a.entropy_coeff * entropy

@@ -7,6 +7,7 @@ import pytest
 
 from jaxppo.config import load_config
 from jaxppo.data.report import DataError
+from jaxppo.rewards import reward_fn_from_config
 
 PROMPTS = ["Once upon a time, there was a cat.", "Tom went to the park.", "The sun was hot and"]
 REQUIRED = {"prompt", "response", "prompt_ids", "response_ids", "behaviour_logprobs", "score", "group_id"}
@@ -33,7 +34,8 @@ def collected(shared_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("collect")
     cfg_file = _write_config(root, shared_dir)
-    meta = collect(load_config(str(cfg_file)), progress=False)
+    cfg = load_config(str(cfg_file))
+    meta = collect(cfg, reward_fn_from_config(cfg.reward), progress=False)
     return cfg_file, root / "out", meta
 
 
@@ -118,9 +120,11 @@ def test_same_seed_same_data_other_seed_other_data(collected, tmp_path):
 
     cfg_file, out, _ = collected
     base = [r["response_ids"] for r in _load(out / "data.parquet")]
-    collect(load_config(str(cfg_file), [f"trainer.output_dir={tmp_path / 'a'}"]), progress=False)
+    cfg = load_config(str(cfg_file), [f"trainer.output_dir={tmp_path / 'a'}"])
+    collect(cfg, reward_fn_from_config(cfg.reward), progress=False)
     assert [r["response_ids"] for r in _load(tmp_path / "a" / "data.parquet")] == base
-    collect(load_config(str(cfg_file), [f"trainer.output_dir={tmp_path / 'b'}", "rollout.seed=4"]), progress=False)
+    cfg = load_config(str(cfg_file), [f"trainer.output_dir={tmp_path / 'b'}", "rollout.seed=4"])
+    collect(cfg, reward_fn_from_config(cfg.reward), progress=False)
     assert [r["response_ids"] for r in _load(tmp_path / "b" / "data.parquet")] != base
 
 

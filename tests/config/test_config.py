@@ -171,21 +171,3 @@ def test_removed_keys_are_named_as_removed():
             load_config(None, [key])
     with pytest.raises(ConfigError, match="did you mean 'data.max_rows'"):   # other unknown keys: as before
         load_config(None, ["data.max_row=2"])
-
-
-def test_reward_kind_is_any_registered_reward(monkeypatch):
-    import numpy as np
-
-    from jaxppo.rewards import registry, reward_fn_from_config
-
-    with pytest.raises(ConfigError, match=r"reward.kind: unknown reward 'exclaim'; available: format, length, "
-                                          r"model, vader"):
-        load_config(None, ["reward.kind=exclaim"])
-    # registered in the test (removed again afterwards): selectable from the config, built by the trainer's path
-    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))   # the registration is undone after
-    registry.register_reward("exclaim", lambda: lambda prompts, responses: np.array([r.count("!") for r in responses],
-                                                                                     np.float32))
-    cfg = load_config(None, ["reward.kind=exclaim"])
-    assert cfg.reward.kind == "exclaim"
-    np.testing.assert_array_equal(reward_fn_from_config(cfg.reward)(["p", "q"], ["a!!", "b"]), [2.0, 0.0])
-    assert load_config(None, ["reward.kind=length"]).reward.kind == "length"

@@ -170,13 +170,15 @@ def test_trailing_whitespace_after_eos_is_cut(chatml_tok):
 
 
 class _Tok:
-    """A tokenizer stub whose template renders the generation prompt unlike an assistant turn."""
+    """A tokenizer stub whose template renders the last user turn differently inside a longer conversation."""
 
     chat_template = "x"
     eos_token = None
 
     def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-        text = "".join(f"[{m['role']}]{m['content']}" for m in messages)
+        last = len(messages) - 1
+        text = "".join(f"[{m['role']}{'!' if i == last and m['role'] == 'user' else ''}]{m['content']}"
+                       for i, m in enumerate(messages))
         return text + ("[bot]" if add_generation_prompt else "")
 
 
@@ -185,7 +187,51 @@ def test_template_mismatch_is_a_counted_skip():
     rows = validate_scored([{"prompt": [U], "response": [A], "score": 1.0}], report=rep)
     out = tokenize_scored(rows, _Tok(), max_prompt_length=8, max_response_length=8, report=rep)
     assert len(out["index"]) == 0 and rep.skipped == {"template_mismatch": 1}
-    assert "differ from character 9: 'bot]' vs 'assistant]yo'" in rep.examples["template_mismatch"][0]
+    assert "differ from character 5: '!]hi' vs ']hi[assistant]yo'" in rep.examples["template_mismatch"][0]
+
+
+R1_LIKE = CHATML.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'")
+
+
+def test_generation_prompt_with_extra_text_renders_by_the_common_prefix(chatml_tok):
+    """DeepSeek-R1 style: the generation prompt adds "<think>\n", which a rendered assistant turn does not start
+    with. As TRL, the prompt is the common prefix of the generation prompt and each rendered conversation; the
+    row renders (it used to be skipped as template_mismatch) and both answers of a pair share one prompt."""
+    assert "<think>" in R1_LIKE
+    chatml_tok.chat_template = R1_LIKE
+    prompt = (Message("user", "Name a color"),)
+    p, good, bad = render(chatml_tok, prompt, (Message("assistant", "Red"),), (Message("assistant", "Blue"),))
+    assert p == "<|im_start|>user\nName a color<|im_end|>\n<|im_start|>assistant\n"
+    assert (good, bad) == ("Red<|im_end|>\n", "Blue<|im_end|>\n")
+    rep = DataReport()
+    rows = validate_preference([{"prompt": [U], "chosen": [A], "rejected": [{"role": "assistant", "content": "no"}]}],
+                               report=rep)
+    out = tokenize_preference(rows, chatml_tok, max_prompt_length=96, max_response_length=32, report=rep)
+    assert len(out["index"]) == 1 and not rep.skipped
+    assert out["prompt_ids"][0][out["prompt_mask"][0] > 0].tolist() == _ids(
+        chatml_tok, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_empty_system_message_renders():
+    """An empty system message is kept and rendered (TRL renders it); it used to drop the row as empty_text."""
+    rep = DataReport()
+    rows = validate_scored([{"prompt": [{"role": "system", "content": ""}, U], "response": [A], "score": 1.0}],
+                           report=rep)
+    assert not rep.skipped and rows[0].prompt == (Message("system", ""), Message("user", "hi"))
+    p, r = render(_ChatML(), rows[0].prompt, rows[0].response)
+    assert p == "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert r == "yo<|im_end|>\n"
+
+
+class _ChatML:
+    """ChatML by string formatting (no Jinja), an independent renderer."""
+
+    chat_template = "chatml"
+    eos_token = None
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
 def test_no_chat_template_is_a_clear_error(stories_tokenizer):

@@ -48,3 +48,20 @@ def test_split_by_group_fraction_by_hand():
     keys = [f"p{i}" for i in range(10) for _ in range(3)]  # 10 prompts x 3 rows
     train, ev = split_by_group(keys, 0.2, seed=0)
     assert len({keys[i] for i in ev}) == 2 and len(ev) == 6 and len(train) == 24
+
+
+def test_prompt_groups_are_dense_ids_of_the_tokenized_rows_prompts():
+    """The one by-prompt grouping of pairs (DPO and the reward model): ids in order of first appearance over the
+    tokenized rows; a conversational prompt is keyed by its messages."""
+    from jaxppo.data import Message, PreferencePair
+    from jaxppo.data.pipeline import LoadedRows, prompt_groups
+    from jaxppo.data.report import DataReport
+
+    conv = (Message("user", "hi"),)
+    rows = [PreferencePair(prompt=p, chosen="a", rejected="b", index=i)
+            for i, p in enumerate(["q1", conv, "q1", "q2", conv])]
+    loaded = LoadedRows("preference", rows, DataReport())
+    groups = prompt_groups(loaded, {"index": np.array([4, 0, 2, 3])})   # row 1 was dropped by tokenization
+    assert groups.dtype == np.int32 and groups.tolist() == [0, 1, 1, 2]
+    train, ev = split_by_group(groups.tolist(), 0.5, 0)
+    assert sorted([*train, *ev]) == [0, 1, 2, 3] and {groups[i] for i in train}.isdisjoint(groups[i] for i in ev)

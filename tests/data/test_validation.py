@@ -97,7 +97,7 @@ def test_preference_formats():
     assert (p.prompt, p.chosen, p.rejected) == ("\n\nHuman: hi\n\nAssistant:", " hello", " go away")
     rep = DataReport()
     assert validate_preference([hh_row], preference_format="explicit", report=rep) == []
-    assert rep.skipped == {"missing_field": 1}
+    assert rep.skipped == {"wrong_preference_format": 1}      # (the prompt is missing: it looks like hh)
 
 
 def test_no_usable_row_is_an_error_that_says_why():
@@ -129,3 +129,39 @@ def test_empty_text_is_allowed_when_token_ids_are_given():
                             {"prompt": "a", "response": "", "score": 1.0}], report=rep)
     assert len(rows) == 1 and rows[0].response == "" and rows[0].response_ids.tolist() == [2]
     assert rep.skipped == {"empty_text": 1}
+
+
+# ------------------------------------------------------------------ the wrong data.preference_format
+TRL_EXPLICIT = {"prompt": [{"role": "user", "content": "Name a color"}],
+                "chosen": [{"role": "assistant", "content": "Red"}],
+                "rejected": [{"role": "assistant", "content": "Soup"}]}
+HH_ROW = {"chosen": "\n\nHuman: Name a color\n\nAssistant: Red", "rejected": "\n\nHuman: Name a color\n\nAssistant: Soup"}
+
+
+@pytest.mark.parametrize("rows, fmt, seen", [
+    ([TRL_EXPLICIT] * 3, "hh", "explicit"),                                      # TRL explicit rows read as hh
+    ([{"prompt": "Q:", "chosen": " a", "rejected": " b"}] * 2, "hh", "explicit"),  # plain-text explicit rows
+    ([HH_ROW] * 2, "explicit", "hh"),                                             # HH-RLHF rows read as explicit
+])
+def test_the_wrong_preference_format_names_the_format_the_rows_look_like(rows, fmt, seen):
+    """It used to say "empty_conversation ... no prompt" (or no_assistant_turn / missing prompt)."""
+    from jaxppo.data.validation import require_rows
+
+    rep = DataReport(source="pairs.jsonl")
+    out = validate_preference(rows, report=rep, preference_format=fmt)
+    assert not out and rep.skipped == {"wrong_preference_format": len(rows)}
+    with pytest.raises(DataError, match=rf"pairs.jsonl has no usable row: all {len(rows)} rows were skipped: "
+                                        rf"{len(rows)} x wrong_preference_format .*the row looks like .*but "
+                                        rf"data.preference_format={fmt}: set data.preference_format={seen} "
+                                        r"\(or auto\)"):
+        require_rows(out, rep)
+    # the same rows read with the right format (or auto) are usable
+    assert len(validate_preference(rows, preference_format=seen)) == len(rows)
+    assert len(validate_preference(rows)) == len(rows)
+
+
+def test_a_bad_row_of_the_right_format_keeps_its_own_reason():
+    rep = DataReport()
+    validate_preference([{"chosen": "\n\nHuman: a\n\nAssistant: b", "rejected": "no turns"}], report=rep,
+                        preference_format="hh")
+    assert rep.skipped == {"no_assistant_turn": 1}

@@ -102,7 +102,9 @@ def _copy(tree):
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
-def test_micro_batches_equal_full_batch(model, batch):
+@pytest.mark.parametrize("rpo_alpha", [0.0, 0.5])
+def test_micro_batches_equal_full_batch(model, batch, rpo_alpha):
+    """Also with RPO: its NLL is a token mean over the whole batch (TRL), whatever the micro-batch split."""
     from jaxppo.trainer.state import make_optimizer, split_params
     from jaxppo.config.schema import OptimConfig
 
@@ -113,12 +115,16 @@ def test_micro_batches_equal_full_batch(model, batch):
     sched = optax.constant_schedule(1.0)
     out = {}
     for mb in (B, 2):
-        hp = DPOHParams(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0, micro_batch_size=mb)
+        hp = DPOHParams(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=rpo_alpha, micro_batch_size=mb)
         st_, m = make_dpo_step(gd, tx, sched, hp)(_state(_copy(params), tx), batch)
         out[mb] = (st_, m)
     (sa, ma), (sb, mb_) = out[B], out[2]
-    for k in ("loss", "rewards/accuracies", "logps/chosen", "grad_norm"):
+    for k in ("loss", "rewards/accuracies", "logps/chosen", "grad_norm", *(("nll_loss",) if rpo_alpha else ())):
         np.testing.assert_allclose(float(ma[k]), float(mb_[k]), rtol=1e-4, atol=1e-6)
+    if rpo_alpha:   # the batch's token-mean NLL of the chosen answers
+        n = np.asarray(batch["chosen_mask"]).sum()
+        want = -float(ma["logps/chosen"]) * B / n
+        np.testing.assert_allclose(float(ma["nll_loss"]), want, rtol=1e-4)
     chex.assert_trees_all_close(sa.actor, sb.actor, rtol=1e-4, atol=1e-6)
     assert int(sa.step) == 1 and int(sa.data_cursor) == B
     moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(sa.actor), jax.tree.leaves(params)))

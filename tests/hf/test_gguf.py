@@ -124,3 +124,27 @@ def test_smollm2_gguf_answers_paris():
     n = int(np.asarray(out.mask).sum())
     answer = tok.decode(np.asarray(out.tokens)[0, :n], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.999])
+def test_truncated_gguf_names_the_file_and_says_truncated(tmp_path, keep):
+    """A GGUF cut short (an interrupted download) used to fail with the reader's "cannot reshape array of size
+    ... into shape ..." (behind "not a readable GGUF file")."""
+    hf = make_hf_model("llama")
+    path = write_gguf(hf, tmp_path / "full.gguf")
+    data = path.read_bytes()
+    n = int(len(data) * keep) // 32 * 32       # GGUF aligns tensor data to 32 bytes
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:n])
+    with pytest.raises(ValueError, match=rf"^{cut}: the GGUF file is truncated: it has {n} bytes and a tensor of "
+                                         r"shape \(\d+, ?\d*\) finds only \d+ of its values \(an incomplete "):
+        load_pretrained(cut)
+
+
+def test_gguf_cut_inside_its_header_is_named_truncated_or_damaged(tmp_path):
+    hf = make_hf_model("llama")
+    data = write_gguf(hf, tmp_path / "full.gguf").read_bytes()
+    cut = tmp_path / "head.gguf"
+    cut.write_bytes(data[:40])
+    with pytest.raises(ValueError, match=rf"^{cut}: the GGUF file is truncated or damaged \(40 bytes; the GGUF "):
+        load_pretrained(cut)

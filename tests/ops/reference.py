@@ -397,32 +397,36 @@ def rollout_is_weights(log_ratio, mask, level, threshold, batch_normalize=False)
     toks = [(i, t) for i in range(b) for t in range(t_len) if mk[i, t]]
     n_tok = len(toks)
     tok_mean = lambda f: sum(f(i, t) for i, t in toks) / (n_tok + 1e-8)  # noqa: E731
-    met = {"rollout_is_mean": tok_mean(lambda i, t: rho[i, t])}
+    # verl 0.9.1 (compute_is_metrics): statistics of the applied weights w, fractions from the raw ratios rho
+    w = np.zeros((b, t_len))
+    for i, t in toks:
+        w[i, t] = min(rho[i, t], hi) if not band else (rho[i, t] if lo <= rho[i, t] <= hi else 0.0)
+    met = {"rollout_is_mean": tok_mean(lambda i, t: w[i, t])}
     if level == "token":
-        met["rollout_is_max"], met["rollout_is_min"] = max(unit_rho), min(unit_rho)
-        met["rollout_is_ratio_fraction_high"] = sum(w > hi for w in unit_rho) / len(unit_rho)
-        met["rollout_is_ratio_fraction_low"] = sum(w < lo for w in unit_rho) / len(unit_rho)
+        met["rollout_is_max"] = max(w[i, t] for i, t in toks)
+        met["rollout_is_min"] = min(w[i, t] for i, t in toks)
+        met["rollout_is_ratio_fraction_high"] = sum(v > hi for v in unit_rho) / len(unit_rho)
+        met["rollout_is_ratio_fraction_low"] = sum(v < lo for v in unit_rho) / len(unit_rho)
     else:
         met["rollout_is_max"] = math.exp(min(max(unit_log), 20.0))
         met["rollout_is_min"] = math.exp(min(unit_log))
         met["rollout_is_ratio_fraction_high"] = sum(v > math.log(hi) for v in unit_log) / len(unit_log)
         met["rollout_is_ratio_fraction_low"] = sum(v < math.log(lo) for v in unit_log) / len(unit_log)
-    oob = [w > hi or (band and w < lo) for w in unit_rho]
-    met["rollout_is_oob_ratio"] = sum(oob) / len(oob)
-    wc = lambda i, t: min(max(rho[i, t], lo), hi)  # noqa: E731
-    mc = tok_mean(wc)
-    var = tok_mean(lambda i, t: wc(i, t) ** 2) - mc * mc
+    if band:
+        met["rollout_is_oob_ratio"] = tok_mean(lambda i, t: float(rho[i, t] < lo or rho[i, t] > hi))
+    ws = lambda i, t: min(max(w[i, t], 0.0), hi)  # noqa: E731
+    ms = tok_mean(ws)
+    var = tok_mean(lambda i, t: ws(i, t) ** 2) - ms * ms
     met["rollout_is_std"] = math.sqrt(max(var, 0.0)) if n_tok > 1 else 0.0
-    met["rollout_is_eff_sample_size"] = 1.0 / tok_mean(lambda i, t: (wc(i, t) / (mc + 1e-8)) ** 2)
-    q = [sum(rho[i, t] for t in range(t_len) if mk[i, t]) / (mk[i].sum() + 1e-8) for i in rows]
+    met["rollout_is_eff_sample_size"] = 1.0 / tok_mean(lambda i, t: (ws(i, t) / (ms + 1e-8)) ** 2)
+    row_mean = lambda x, i: sum(x[i, t] for t in range(t_len) if mk[i, t]) / (mk[i].sum() + 1e-8)  # noqa: E731
+    q = [row_mean(w, i) for i in rows]
+    q_raw = [row_mean(rho, i) for i in rows]
     qm, qs = _mean_std(q)
     met.update({"rollout_is_seq_mean": qm, "rollout_is_seq_std": qs, "rollout_is_seq_max": max(q),
                 "rollout_is_seq_min": min(q), "rollout_is_seq_max_deviation": max(abs(v - 1) for v in q),
-                "rollout_is_seq_fraction_high": sum(v > hi for v in q) / len(q),
-                "rollout_is_seq_fraction_low": sum(v < lo for v in q) / len(q)})
-    w = np.zeros((b, t_len))
-    for i, t in toks:
-        w[i, t] = min(rho[i, t], hi) if not band else (rho[i, t] if lo <= rho[i, t] <= hi else 0.0)
+                "rollout_is_seq_fraction_high": sum(v > hi for v in q_raw) / len(q_raw),
+                "rollout_is_seq_fraction_low": sum(v < lo for v in q_raw) / len(q_raw)})
     if batch_normalize:
         if level == "token":
             mean_w = sum(w[i, t] for i, t in toks) / (n_tok + 1e-8)
@@ -525,8 +529,8 @@ def dpo(pc, pr, rc, rr, beta, loss_type, eps=0.0, nc=None, nr=None, rpo_alpha=0.
             loss = (-(1 - eps) * _log_sigmoid(beta * d) + eps * _log_sigmoid(-beta * d)) / (1 - 2 * eps)
         else:
             loss = -_log_sigmoid(beta * dn)
-        if rpo_alpha:
-            loss += rpo_alpha * (-float(pc[i]) / max(float(nc[i]), 1.0))
+        if rpo_alpha:   # TRL: one token-mean NLL over all chosen tokens of the batch, added to every pair
+            loss += rpo_alpha * (-sum(float(v) for v in pc) / max(sum(float(v) for v in nc), 1.0))
         losses.append(loss)
         ch.append(beta * uc)
         rj.append(beta * ur)

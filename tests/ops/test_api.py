@@ -1,17 +1,16 @@
-"""The public surface of jaxppo.ops: DESIGN.md section 4, the critic-free estimators and
+"""The public surface of jaxppo.ops: the PPO maths, the critic-free estimators and
 their registry, replay priorities, verl's rollout correction and the DPO family (issues 10 and 11)."""
 
 import jaxppo.ops as ops
 
 DESIGN_NAMES = {"gae", "masked_mean", "masked_whiten", "entropy_from_logits", "logprobs_from_logits", "kl_penalty",
                 "aggregate", "policy_loss", "value_loss", "importance_weights", "adaptive_kl_update"}
-ESTIMATORS = {"grpo_advantages", "rloo_advantages", "reinforce_pp_advantages", "reinforce_pp_baseline_advantages",
-              "get_advantage_estimator", "register_advantage_estimator"}
+ESTIMATORS = {"grpo_advantages", "rloo_advantages", "reinforce_pp_advantages", "reinforce_pp_baseline_advantages"}
 PRIORITIES = {"priority_abs_advantage", "priority_group_variance", "priority_td_error"}
 ROLLOUT_CORRECTION = {"rollout_correction_weights", "rejection_mask", "offpolicy_metrics"}
 DPO = {"dpo_loss", "rpo_nll"}
 # registries and records (not functions)
-DATA = {"ADVANTAGE_ESTIMATORS", "AdvantageEstimator", "AdvantageHParams", "PRIORITY_FNS"}
+DATA = {"ADVANTAGE_ESTIMATORS", "AdvantageEstimator", "AdvantageHParams", "PRIORITIES", "Priority"}
 
 
 def test_exports_exactly_the_public_api():
@@ -30,4 +29,4 @@ def test_the_unused_kl_controller_pytrees_are_gone():
 def test_registries_name_the_documented_entries():
     assert set(ops.ADVANTAGE_ESTIMATORS) >= {"gae", "grpo", "rloo", "reinforce_plus_plus",
                                              "reinforce_plus_plus_baseline"}
-    assert set(ops.PRIORITY_FNS) >= {"td_error", "abs_advantage", "group_variance"}
+    assert set(ops.PRIORITIES) >= {"td_error", "abs_advantage", "group_variance"}

@@ -44,6 +44,21 @@ class DpoTest(chex.TestCase):
         np.testing.assert_allclose(met["nll_loss"], 1.5, rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
+    def test_rpo_nll_is_the_token_mean_over_the_batch_as_trl(self):
+        # 20 pairs of lengths 1..20; the 1-token answer has NLL 10 per token, every other token NLL 1.
+        # TRL (one cross_entropy over all chosen tokens): (10 + sum_{n=2..20} n) / sum_{n=1..20} n = 219 / 210;
+        # a mean of per-pair means would give (10 + 19) / 20 = 1.45
+        n = np.arange(1, 21)
+        pc = -n.astype(np.float32)
+        pc[0] = -10.0
+        z = np.zeros(20, np.float32)
+        f = functools.partial(ops.dpo_loss, beta=0.1, rpo_alpha=2.0, chosen_length=n)
+        loss, met = self.variant(f)(pc, z, pc, z)        # ref = policy: D = 0
+        np.testing.assert_allclose(met["nll_loss"], 219 / 210, rtol=1e-6)
+        np.testing.assert_allclose(loss, np.log(2.0) + 2.0 * 219 / 210, rtol=1e-6)   # D = 0: -log sig(0) = log 2
+        np.testing.assert_allclose(self.variant(ops.rpo_nll)(pc, n), 219 / 210, rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
     def test_matches_reference_every_type(self):
         for loss_type in DPO_LOSS_TYPES:
             for eps in ((0.0, 0.1, 0.3) if loss_type in ("sigmoid", "robust") else (0.0,)):
@@ -103,3 +118,14 @@ def test_bad_input():
         ops.dpo_loss(PC, PR[:2], RC, RR, beta=0.1)
     with pytest.raises(ValueError, match="chosen_length must have shape"):
         ops.rpo_nll(PC, NC[:2])
+
+
+@given(pc=hnp.arrays(np.float32, (8,), elements=st.floats(-30, 0, width=32)),
+       n=hnp.arrays(np.int32, (8,), elements=st.integers(0, 20)), k=st.sampled_from([1, 2, 4, 8]))
+def test_rpo_micro_batches_average_to_the_batch_nll(pc, n, k):
+    """Split into k micro-batches with the whole batch's tokens per pair: the mean of their NLLs is the batch's
+    token-mean NLL -sum pc / max(sum n, 1), whatever the split."""
+    tpp = max(int(n.sum()), 1) / 8
+    parts = [float(ops.rpo_nll(p, m, tpp)) for p, m in zip(np.split(pc, k), np.split(n, k))]
+    np.testing.assert_allclose(np.mean(parts), -pc.astype(np.float64).sum() / max(int(n.sum()), 1), rtol=1e-4,
+                               atol=1e-5)

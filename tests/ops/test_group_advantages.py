@@ -12,7 +12,6 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from jaxppo import ops
-from jaxppo.ops import group_advantages as ga
 from tests.ops import reference as ref
 
 # Two groups with non-contiguous, unsorted ids plus a group of one. T = 3, each score on the last valid token.
@@ -161,8 +160,8 @@ def test_registry():
     v = np.linspace(-1, 1, r.size, dtype=np.float32).reshape(r.shape)
     assert set(ops.ADVANTAGE_ESTIMATORS) == {"gae", "grpo", "rloo", "reinforce_plus_plus",
                                              "reinforce_plus_plus_baseline"}
-    assert [n for n, e in ops.ADVANTAGE_ESTIMATORS.items() if e.needs_critic] == ["gae"]
-    est = ops.get_advantage_estimator
+    assert [n for n in ops.ADVANTAGE_ESTIMATORS if ops.ADVANTAGE_ESTIMATORS.get(n).needs_critic] == ["gae"]
+    est = ops.ADVANTAGE_ESTIMATORS.get
     np.testing.assert_array_equal(est("gae")(r, v, m, None, hp)[0], ops.gae(r, v, m, 0.9, 0.8)[0])
     np.testing.assert_array_equal(est("grpo")(r, None, m, IDS, hp)[0],
                                   ops.grpo_advantages(r, m, IDS, norm_by_std=False)[0])
@@ -184,17 +183,17 @@ def test_registry():
 def test_register_new_estimator():
     name = "test_only_negated_scores"
 
-    @ops.register_advantage_estimator(name)
+    @ops.ADVANTAGE_ESTIMATORS.register(name)
     def _neg(token_rewards, values, mask, group_ids, hp):
         return -token_rewards * mask, -token_rewards * mask
 
     try:
-        out = ops.get_advantage_estimator(name)(REWARDS, None, MASK, None, ops.AdvantageHParams())
+        out = ops.ADVANTAGE_ESTIMATORS.get(name)(REWARDS, None, MASK, None, ops.AdvantageHParams())
         np.testing.assert_array_equal(out[0], -REWARDS * MASK)
         with pytest.raises(ValueError, match="already registered"):
-            ops.register_advantage_estimator(name)(_neg)
+            ops.ADVANTAGE_ESTIMATORS.register(name)(_neg)
     finally:
-        del ga.ADVANTAGE_ESTIMATORS[name]
+        ops.ADVANTAGE_ESTIMATORS.unregister(name)
 
 
 def test_bad_input():

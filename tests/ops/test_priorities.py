@@ -43,7 +43,7 @@ class PrioritiesTest(chex.TestCase):
             np.testing.assert_allclose(got, sequence_priority(d, m, agg), rtol=1e-6)
             got = self.variant(functools.partial(ops.priority_abs_advantage, agg=agg))(d, m)
             np.testing.assert_allclose(got, ref.priority_agg_abs(d, m, agg), rtol=1e-6)
-        assert set(ops.PRIORITY_FNS) == {"td_error", "abs_advantage", "group_variance"}
+        assert set(ops.PRIORITIES) == {"td_error", "abs_advantage", "group_variance"}
 
 
 @given(s=hnp.arrays(np.float32, (6,), elements=st.floats(-5, 5, width=32)),

@@ -29,26 +29,36 @@ class WeightsTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_hand_token_tis_and_band(self):
-        # ratios [0.5, 3, 1 | pad 7]; TIS C = 2: [0.5, 2, 1, 0]; metrics on rho (before truncation):
-        # mean = 4.5/3 = 1.5 ; max 3 ; min 0.5 ; high (rho > 2) 1/3 ; low (rho < 0.5) 0 ; oob 1/3
-        # std over clip(rho, 0.5, 2) = [0.5, 2, 1]: mean 7/6, E[x^2] = 5.25/3 = 1.75 -> sqrt(1.75 - 49/36)
+        # ratios [0.5, 3, 1 | pad 7]; TIS C = 2: w = [0.5, 2, 1, 0]. verl 0.9.1: mean/max/min/std/ESS of the
+        # applied w: mean 3.5/3 = 7/6 (the raw ratios' mean would be 1.5), max 2 (raw: 3), min 0.5; fractions
+        # of the raw ratios: high (rho > 2) 1/3, low (rho < 0.5) 0; no oob ratio for TIS
+        # std of w = [0.5, 2, 1]: mean 7/6, E[x^2] = 5.25/3 = 1.75 -> sqrt(1.75 - 49/36)
         # ESS = 1 / mean((x / (7/6))^2) = (7/6)^2 / 1.75
         lr = jnp.asarray(np.log([[0.5, 3.0, 1.0, 7.0]]), jnp.float32)
         m = jnp.array([[1, 1, 1, 0]])
         w, met = self.variant(functools.partial(ops.rollout_correction_weights, threshold=2.0))(lr, m)
         np.testing.assert_allclose(w, [[0.5, 2.0, 1.0, 0.0]], rtol=1e-6)
-        np.testing.assert_allclose(met["rollout_is_mean"], 1.5, rtol=1e-6)
-        np.testing.assert_allclose(met["rollout_is_max"], 3.0, rtol=1e-6)
-        np.testing.assert_allclose(met["rollout_is_oob_ratio"], 1 / 3, rtol=1e-6)
+        np.testing.assert_allclose(met["rollout_is_mean"], 7 / 6, rtol=1e-6)
+        np.testing.assert_allclose(met["rollout_is_max"], 2.0, rtol=1e-6)
+        np.testing.assert_allclose(met["rollout_is_min"], 0.5, rtol=1e-6)
+        np.testing.assert_allclose(met["rollout_is_ratio_fraction_high"], 1 / 3, rtol=1e-6)
+        np.testing.assert_allclose(met["rollout_is_seq_mean"], 7 / 6, rtol=1e-6)
+        np.testing.assert_allclose(met["rollout_is_seq_fraction_high"], 0.0)   # raw row mean 1.5 <= 2
+        assert "rollout_is_oob_ratio" not in met
         np.testing.assert_allclose(met["rollout_is_std"], np.sqrt(1.75 - 49 / 36), rtol=1e-5)
         np.testing.assert_allclose(met["rollout_is_eff_sample_size"], (7 / 6) ** 2 / 1.75, rtol=1e-5)
         # IcePop band [0.6, 2.5]: 0.5 and 3 fall out -> [0, 0, 1, 0]; oob 2/3 ; batch-normalised: mean of
-        # [0, 0, 1] over 3 tokens is 1/3 -> weights [0, 0, 3]
+        # [0, 0, 1] over 3 tokens is 1/3 -> weights [0, 0, 3]; metrics before the normalisation: mean 1/3,
+        # max 1, min 0 (the zeroed tokens count), std sqrt(1/3 - 1/9), ESS (1/3)^2 / (1/3) = 1/3
         band = functools.partial(ops.rollout_correction_weights, threshold="0.6_2.5", batch_normalize=True)
         w, met = self.variant(band)(lr, m)
         np.testing.assert_allclose(w, [[0.0, 0.0, 3.0, 0.0]], rtol=1e-5)
         np.testing.assert_allclose(met["rollout_is_oob_ratio"], 2 / 3, rtol=1e-6)
         np.testing.assert_allclose(met["rollout_is_batch_norm_factor"], 1 / 3, rtol=1e-5)
+        np.testing.assert_allclose([met["rollout_is_mean"], met["rollout_is_max"], met["rollout_is_min"]],
+                                   [1 / 3, 1.0, 0.0], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(met["rollout_is_std"], np.sqrt(1 / 3 - 1 / 9), rtol=1e-5)
+        np.testing.assert_allclose(met["rollout_is_eff_sample_size"], 1 / 3, rtol=1e-4)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_hand_sequence(self):
@@ -62,6 +72,10 @@ class WeightsTest(chex.TestCase):
         np.testing.assert_allclose(met["rollout_is_max"], 8.0, rtol=1e-5)
         np.testing.assert_allclose(met["rollout_is_min"], 1.6, rtol=1e-5)
         np.testing.assert_allclose(met["rollout_is_ratio_fraction_high"], 0.5)   # the empty row is not a unit
+        # applied weights [1.6, 5] (before the normalisation): token mean (3.2 + 10) / 4 = 3.3; the row means
+        # are 1.6 and 5, the raw ones 1.6 and 8
+        np.testing.assert_allclose(met["rollout_is_mean"], 3.3, rtol=1e-5)
+        np.testing.assert_allclose(met["rollout_is_seq_max"], 5.0, rtol=1e-5)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_matches_reference(self):

@@ -62,7 +62,7 @@ def test_filter_r2_ranks_filters_on_constructed_data():
     rewards, actual, groups = constructed()
     out = replay.filter_r2(rewards, actual, groups, 200, key=jax.random.key(0), num_bins=10,
                            weight_pow=4.0)
-    assert set(out) == set(filter_selection.FILTERS)
+    assert set(out) == set(replay.PF_FILTERS.names())
     assert all(0.0 <= v <= 1.0 for v in out.values())
     # best-of-N keeps mostly high-reward (faithful) responses: its R² beats no filtering and best-worst
     assert out["best_of_n"] > out["none"] + 0.05
@@ -80,5 +80,5 @@ def test_bad_input():
         replay.filter_r2(r, a, g, 3, key=jax.random.key(0), num_bins=1)
     with pytest.raises(ValueError, match="actual scores contain NaN"):
         replay.filter_r2(r, np.full_like(a, np.nan), g, 3, key=jax.random.key(0))
-    with pytest.raises(ValueError, match="unknown filters"):
+    with pytest.raises(ValueError, match="unknown pf_ppo filter .best.; known: best_of_n"):
         replay.filter_r2(r, a, g, 3, key=jax.random.key(0), filters=("best",))

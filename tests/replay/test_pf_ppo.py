@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import chex
+import hypothesis.extra.numpy as _hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,7 +114,7 @@ def test_resample_indices_frequencies():
 
 def test_bad_input():
     s, g = jnp.array(SCORES), jnp.array(GROUPS)
-    with pytest.raises(ValueError, match="filter must be one of"):
+    with pytest.raises(ValueError, match="unknown pf_ppo filter 'best_of_2'; known: best_of_n, best_random"):
         replay.filter_weights("best_of_2", s, g, 4)
     with pytest.raises(ValueError, match="needs group_ids and num_groups"):
         replay.filter_weights("best_worst", s)
@@ -127,11 +128,11 @@ def test_bad_input():
         replay.best_of_n(s[None], g, 4)
     with pytest.raises(ValueError, match="group_ids shape"):
         replay.best_of_n(s, g[:5], 4)
-    with pytest.raises(ValueError, match="reweight_method must be one of"):
+    with pytest.raises(ValueError, match="unknown pf_ppo reweight method 'max'; known: max_min, max_random, pow"):
         replay.batch_reweight(s, "max")
     with pytest.raises(ValueError, match="resampling weights"):
         replay.resample_indices(jax.random.key(0), jnp.zeros(3))
-    assert pf_ppo.BATCH_METHODS == ("pow", "max_min", "max_random")
+    assert pf_ppo.PF_REWEIGHTS.names() == ("max_min", "max_random", "pow")
 
 
 def dapo_reference(scores, groups, mask=None, atol=1e-6):
@@ -182,3 +183,18 @@ class DynamicSamplingTest(parameterized.TestCase):
             pf_ppo.dynamic_sampling_weights(jnp.array([1.0, 2.0]), jnp.array([0, 5]), 2)
         with pytest.raises(ValueError, match="atol must be >= 0"):
             pf_ppo.dynamic_sampling_weights(jnp.array([1.0, 2.0]), jnp.array([0, 1]), 2, atol=-1.0)
+
+
+def test_dropped_groups_counts_groups_whose_every_row_has_weight_zero():
+    # groups 0 (rows 0, 1: both 0) and 2 (row 3: 0) are dropped; group 1 keeps row 2; group 3 has no row
+    assert int(pf_ppo.dropped_groups(jnp.array([0.0, 0.0, 0.5, 0.0]), jnp.array([0, 0, 1, 2]), 4)) == 2
+    assert int(jax.jit(pf_ppo.dropped_groups, static_argnums=2)(jnp.ones(4), jnp.array([0, 0, 1, 2]), 4)) == 0
+
+
+@given(scores=_hnp.arrays(np.float32, (12,), elements=st_.sampled_from([0.0, 1.0, 2.0])),
+       groups=_hnp.arrays(np.int32, (12,), elements=st_.integers(0, 3)))
+def test_dropped_groups_of_the_dynamic_sampling_filter_is_its_own_count(scores, groups):
+    """The trainer's generic count (pf_ppo/dropped_groups of any filter) equals DAPO's n_dropped_groups."""
+    w, n = pf_ppo.dynamic_sampling_weights(jnp.asarray(scores), jnp.asarray(groups), 4)
+    assert int(pf_ppo.dropped_groups(w, groups, 4)) == int(n)
+    np.testing.assert_array_equal(replay.filter_weights("dynamic_sampling", scores, groups, 4), w)

@@ -45,7 +45,9 @@ def scored_data(tmp_path_factory, stories_model) -> Path:
     cfg = load_config(None, [f"model.path={stories_model}", f"rollout.prompts={REPO / 'configs/prompts/story_openings.txt'}",
                              "rollout.max_prompts=40", "rollout.output_format=jsonl", f"trainer.output_dir={out}",
                              *[o for o in TINY if o.startswith(("rollout.", "data.", "reward."))]])
-    collect(cfg, progress=False)
+    from jaxppo.rewards import reward_fn_from_config
+
+    collect(cfg, reward_fn_from_config(cfg.reward), progress=False)
     return out / "data.jsonl"
 
 

@@ -102,8 +102,8 @@ def test_rejection_mask_removes_tokens_from_the_loss(jit):
 
 
 def test_rollout_corr_metrics_hand_values():
-    """rollout_corr/kl = E_t[−(prox − μ)], chi2_token = E_t[exp(2(prox − μ))] − 1, rollout_is_mean = E_t[ρ]
-    (numpy); no rollout_corr/* without the config keys."""
+    """rollout_corr/kl = E_t[−(prox − μ)], chi2_token = E_t[exp(2(prox − μ))] − 1, rollout_is_mean = E_t[min(ρ, 2)]
+    (the applied TIS weights, verl 0.9.1; numpy); no rollout_corr/* without the config keys."""
     from jaxppo.trainer.steps import actor_terms
 
     items, logits, w = _batch(2)
@@ -114,7 +114,7 @@ def test_rollout_corr_metrics_hand_values():
     mean = lambda x: (x * m).sum() / m.sum()  # noqa: E731
     assert float(aux["rollout_corr/kl"]) == pytest.approx(mean(-lr), rel=1e-4)
     assert float(aux["rollout_corr/chi2_token"]) == pytest.approx(mean(np.exp(2 * lr)) - 1, rel=1e-4)
-    assert float(aux["rollout_corr/rollout_is_mean"]) == pytest.approx(mean(np.exp(lr)), rel=1e-4)
+    assert float(aux["rollout_corr/rollout_is_mean"]) == pytest.approx(mean(np.minimum(np.exp(lr), 2.0)), rel=1e-4)
     _, aux = actor_terms(_hp(), logits, as_batch(items), w)
     assert not [k for k in aux if k.startswith("rollout_corr/")]
 
