@@ -22,8 +22,8 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec
 

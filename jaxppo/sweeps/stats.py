@@ -92,7 +92,7 @@ def sign_flip_pvalue(d: Sequence[float]) -> float:
     return float(np.count_nonzero(stats >= obs - tol) / stats.size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signs(n: int) -> np.ndarray:
     """Every sign vector of length ``n``, ``[2^n, n]`` (read-only, cached)."""
     out = np.asarray(list(itertools.product((-1.0, 1.0), repeat=n)))
