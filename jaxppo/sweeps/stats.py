@@ -279,3 +279,31 @@ def paired_first_passage(x: Sequence[float], y_variant: np.ndarray, y_baseline: 
         variant_status=counts(pv), baseline_status=counts(pb),
         variant_median=_median_samples(xa, [pv[k] for k in keep]) if keep else math.nan,
         baseline_median=_median_samples(xa, [pb[k] for k in keep]) if keep else math.nan, p=p, n=int(d.size))
+
+
+def t_power(effect: float, sd_d: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` with ``n`` pairs whose differences have sd ``sd_d``
+    and mean ``effect``: ``P(|T| > t_{1-alpha/2, n-1})`` with ``T`` noncentral t, ``df = n - 1``,
+    noncentrality ``effect sqrt(n) / sd_d``."""
+    from scipy.stats import nct, t
+
+    if n < 2 or not sd_d > 0:
+        raise ValueError(f"t_power: needs n >= 2 and sd_d > 0, got n={n}, sd_d={sd_d}")
+    crit = t.ppf(1 - alpha / 2, n - 1)
+    nc = effect * math.sqrt(n) / sd_d
+    return float(nct.sf(crit, n - 1, nc) + nct.cdf(-crit, n - 1, nc))
+
+
+def min_detectable_effect(sd_d: float, n: int, power: float = 0.8, alpha: float = ALPHA) -> float:
+    """The smallest mean difference the paired t-test (two-sided, level ``alpha``) detects with probability
+    ``power``: the root ``delta`` of ``t_power(delta, sd_d, n) = power`` (bisection on ``[0, 100 sd_d]``).
+    Roughly ``(t_{1-alpha/2} + t_{power}) sd_d / sqrt(n)``."""
+    if not 0 < power < 1:
+        raise ValueError(f"min_detectable_effect: power must be in (0, 1), got {power}")
+    lo, hi = 0.0, 100.0 * sd_d
+    if t_power(hi, sd_d, n, alpha) < power:
+        return math.inf
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_power(mid, sd_d, n, alpha) < power else (lo, mid)
+    return hi

@@ -115,3 +115,12 @@ def test_first_passage_symmetric_in_arms(n, m, seed):
     f, g = stats.paired_first_passage(x, a, b), stats.paired_first_passage(x, b, a)
     assert (f.earlier, f.later, f.ties) == (g.later, g.earlier, g.ties)
     assert f.target == pytest.approx(g.target) and f.p == pytest.approx(g.p)
+
+
+def test_power_hand_checks():
+    # n = 10, sd 1: the textbook paired-t sample size table gives 80% power near effect 0.99 (alpha 0.05)
+    d = stats.min_detectable_effect(1.0, 10)
+    assert 0.95 < d < 1.02 and stats.t_power(d, 1.0, 10) == pytest.approx(0.8, abs=1e-6)
+    assert stats.t_power(0.0, 1.0, 10) == pytest.approx(0.05, abs=1e-9)      # the level at no effect
+    assert stats.min_detectable_effect(2.0, 10) == pytest.approx(2 * d, rel=1e-6)   # scales with the noise
+    assert stats.min_detectable_effect(1.0, 40) < d
