@@ -29,7 +29,8 @@ Summary per variant over its finished seeds (curves ``y_k(x)`` on the shared gri
 - ``auc_*``: ``normalized_auc`` (the average of the curve over the grid), mean and t-interval;
 - paired against the baseline (:mod:`jaxppo.sweeps.stats`; seed ``k`` of both arms shares the evaluation key,
   the reference evaluation and the replay key), over the seeds finished in both arms with a non-missing value:
-  the differences ``variant - baseline`` of the final value (``final_diff*``), of the value at a quarter and
+  the differences ``variant - baseline`` of the final value (``final_diff*``; ``final_diff_sd`` their sd, ddof 1,
+  which sets the power line of the report), of the value at a quarter and
   half of the budget (``at25_diff*``, ``at50_diff*``, :func:`jaxppo.sweeps.stats.value_at`, inside the grid
   only) and of the AUC (``auc_diff*``), each with its 95% t-interval and exact sign-flip p-value;
 - data efficiency (``target``, ``earlier``/``later``/``ties``, ``passage_p``, ``median_samples_to_target``,
@@ -63,6 +64,7 @@ _PAIR_KEYS = ("final_diff", "at25_diff", "at50_diff", "auc_diff")
 SUMMARY_COLUMNS = (
     "variant", "metric", "n_seeds", "n_failed", "missing_evals", "final_reward_mean", "final_reward_ci95_lo",
     "final_reward_ci95_hi", "final_seed_sd", "final_kl_mean", "auc_mean", "auc_ci95_lo", "auc_ci95_hi", "n_pairs",
+    "final_diff_sd",
     *(f"{k}{s}" for k in _PAIR_KEYS for s in ("", "_lo", "_hi", "_p")),
     "target", "earlier", "later", "ties", "passage_p", "median_samples_to_target",
     "baseline_median_samples_to_target", "below_first_eval", "beyond_budget")
@@ -212,6 +214,8 @@ def compare_arms(x: np.ndarray, yv: np.ndarray, yb: np.ndarray) -> dict:
         return stats.paired(a[ok], b[ok]) if ok.sum() >= 1 else None
 
     _put(row, "final_diff", pair(yv[:, -1], yb[:, -1]))
+    d = (yv[:, -1] - yb[:, -1])[np.isfinite(yv[:, -1] - yb[:, -1])]
+    row["final_diff_sd"] = float(d.std(ddof=1)) if d.size >= 2 else math.nan
     for pct, f in FRACTIONS:
         at = f * x[-1]
         if at < x[0]:

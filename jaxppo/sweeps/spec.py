@@ -44,6 +44,16 @@ held-out split, so each seed pair has its own held-out pairs (both arms the same
 ``dpo.batch_size``. At least 5 seeds are expected (fewer: a warning, e.g. ``ci`` profiles), and at least 8
 evaluations after step 0 (fewer: a warning).
 
+Grids and evaluation samples (issue 19): the shipped sweeps evaluate at 8 points after step 0, the first at 1/8 of
+the budget (``eval.every_samples = budget / 8``). Their evaluation samples were chosen from a measured run (the
+smoke baseline of ``is_onpolicy``, seed 0, 16 samples for each of the 20 held-out prompts): the within-prompt sd of
+the VADER reward was 0.386 (reference) and 0.285 (after 40 steps), so the sampling noise of the held-out mean,
+``sd_within / sqrt(prompts x samples)``, is 0.043 / 0.032 with 4 samples and 0.031 / 0.023 with 8. The smoke
+sweeps use 8 (half or less of the 0.065 seed sd that issue 19 measured at quickstart scale; the smoke data's own
+seed sd comes from the A/A sweep in ``results/sweeps/aa``). The 20 prompts are all the held-out groups the smoke
+data has (100 prompts x ``data.eval_fraction`` 0.2); the prompt set is the same for every seed, so it adds no seed
+noise.
+
 Results live in the repository: the default ``output_dir`` is ``results/sweeps/<name>``; a run whose folder
 holds a ``summary.json`` (committed from another machine included) is finished and never re-run.
 
