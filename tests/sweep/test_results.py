@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxppo.sweeps import results as R
 
@@ -147,7 +149,8 @@ def test_summary_hand_case(tmp_path):
 def test_identical_non_monotone_arms_read_no_difference(tmp_path):
     """A non-monotone baseline (it peaks before the budget) and a variant identical to it: every paired
     comparison is 0 and the verdict is "no difference". The pre-issue-19 ratio was budget / (first time the mean
-    curve reached its own final value) = 64 / 28 > 2 for this pair."""
+    curve reached its own final value) = 64 / 20.27 = 3.16 for this pair, interpolated between step 0 and the first
+    evaluation."""
     base = [[0.0, 0.5, 0.3], [0.0, 0.6, 0.4], [0.1, 0.5, 0.35]]
     curves = _curves(tmp_path, {"a": base, "b": [list(r) for r in base]})
     rows = {r["variant"]: r for r in R.summarize(curves, ["a", "b"], "a", 64)}
@@ -157,6 +160,11 @@ def test_identical_non_monotone_arms_read_no_difference(tmp_path):
     assert ": no difference measured (paired difference 0.000 [0.000, 0.000], 3 seeds" in R.verdict(
         list(rows.values()), "b", "a")
     assert "efficiency_ratio" not in R.SUMMARY_COLUMNS
+    from jaxppo.sweeps.legacy import efficiency_ratio, first_crossing
+
+    arr = np.asarray(base)
+    assert efficiency_ratio(64, first_crossing([0, 32, 64], arr.mean(0), arr[:, -1].mean())) == pytest.approx(3.158,
+                                                                                                           abs=1e-3)
 
 
 def test_dpo_runs_summarize_on_held_out_pair_accuracy(tmp_path):
@@ -201,3 +209,20 @@ def test_csv_round_trip(tmp_path):
     R.write_csv(tmp_path / "r.csv", rows, ("variant", "seed", "reward", "kl"))
     back = R.read_csv(tmp_path / "r.csv")
     assert back == [{"variant": "a", "seed": "0", "reward": repr(0.1 + 0.2), "kl": "nan"}]
+
+
+@given(st.integers(2, 6), st.integers(2, 7), st.integers(0, 10_000))
+@settings(max_examples=40, deadline=None)
+def test_compare_arms_is_antisymmetric(n, m, seed):
+    """Swapping variant and baseline negates every paired difference (and its interval) and keeps every p-value;
+    adding the same curve to both arms changes nothing (the shared seed noise cancels)."""
+    rng = np.random.default_rng(seed)
+    x = np.arange(m, dtype=float) * 8.0
+    a, b, shared = rng.normal(size=(n, m)), rng.normal(size=(n, m)), rng.normal(size=(n, m))
+    f, g = R.compare_arms(x, a, b), R.compare_arms(x, b, a)
+    for k in ("final_diff", "at25_diff", "at50_diff", "auc_diff"):
+        assert f[k] == pytest.approx(-g[k], abs=1e-12)
+        assert (f[k + "_lo"], f[k + "_hi"]) == pytest.approx((-g[k + "_hi"], -g[k + "_lo"]), abs=1e-12)
+        assert f[k + "_p"] == pytest.approx(g[k + "_p"])
+    h = R.compare_arms(x, a + shared, b + shared)
+    assert h["final_diff"] == pytest.approx(f["final_diff"]) and h["final_diff_p"] == pytest.approx(f["final_diff_p"])
