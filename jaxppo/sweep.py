@@ -11,7 +11,8 @@ any run starts.
 
 Outputs in ``output_dir``: ``results.csv`` (variant, seed, step, samples, tokens, reward, kl, wall_time_s,
 status, error), ``summary.csv`` (per variant: final reward mean and 95% t-interval, AUC, and the seed-paired
-comparison with the baseline; see :mod:`jaxppo.sweeps.results`), ``failures.json``, ``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
+comparison with the baseline; see :mod:`jaxppo.sweeps.results`), ``failures.json``,
+``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
 
 Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others),
 2 for an invalid sweep file.

@@ -7,9 +7,9 @@ device, its output under ``OUTPUT_ROOT``), then :func:`load` (``results.csv`` â†
 
 Profiles: ``"full"`` = the sweep file's own (default) variants, seeds and budget, no ``--profile`` argument, in
 ``<OUTPUT_ROOT>/<stem>`` (with ``OUTPUT_ROOT = results/sweeps``: the sweep file's ``output_dir``, committed, so a
-notebook reads the runs of ``python -m jaxppo.sweep --config FILE`` and, once they are all finished, runs nothing); ``"ci"`` = ``--profile
-ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile extended`` (more variants, same
-``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those of its variants that
+notebook reads the runs of ``python -m jaxppo.sweep --config FILE`` and, once they are all finished, runs
+nothing); ``"ci"`` = ``--profile ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile
+extended`` (more variants, same ``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those of its variants that
 ``python -m jaxppo.sweep --config FILE --profile extended`` has finished there.
 
 :func:`mismatch` and :func:`verdict` are :mod:`jaxppo.sweeps.results`'s (one implementation for the notebooks and

@@ -398,19 +398,23 @@ def verdict(summary, variant: str, baseline: str) -> str:
     p = stats.Paired(_num(v, "final_diff"), _num(v, "final_diff_lo"), _num(v, "final_diff_hi"),
                      _num(v, "final_diff_p"), n)
     word = p.word
-    head = (f"{variant} vs {baseline}: final {_metric_name(v)} "
-            f"{format_ci(_num(v, 'final_reward_mean'), _num(v, 'final_reward_ci95_lo'), _num(v, 'final_reward_ci95_hi'))}"
-            f" vs {format_ci(_num(b, 'final_reward_mean'), _num(b, 'final_reward_ci95_lo'), _num(b, 'final_reward_ci95_hi'))}")
+    head = f"{variant} vs {baseline}: final {_metric_name(v)} {_final_ci(v)} vs {_final_ci(b)}"
     if word == "not measurable":
         return f"{head}: not measurable (fewer than 2 seeds finished in both arms)."
     ef = (f"first reaches {_num(v, 'target'):.3f} earlier in {int(_num(v, 'earlier'))}, later in "
           f"{int(_num(v, 'later'))}, same evaluation in {int(_num(v, 'ties'))} of {n} seeds "
           f"(sign-flip p {_p(_num(v, 'passage_p'))})") if math.isfinite(_num(v, "target")) else ""
     missing = str(v.get("missing_evals", "") or "")
+    auc = format_ci(_num(v, "auc_diff"), _num(v, "auc_diff_lo"), _num(v, "auc_diff_hi"))
     return (f"{head}: {word} (paired difference {format_ci(p.mean, p.lo, p.hi)}, {n} seeds, sign-flip p "
-            f"{_p(p.p)}); AUC difference {format_ci(_num(v, 'auc_diff'), _num(v, 'auc_diff_lo'), _num(v, 'auc_diff_hi'))}"
+            f"{_p(p.p)}); AUC difference {auc}"
             + (f"; {ef}" if ef else "") + (f"; missing evaluations: {missing}" if missing and missing != "nan" else "")
             + ".")
+
+
+def _final_ci(row: dict) -> str:
+    return format_ci(_num(row, "final_reward_mean"), _num(row, "final_reward_ci95_lo"),
+                     _num(row, "final_reward_ci95_hi"))
 
 
 def _metric_name(row: dict) -> str:

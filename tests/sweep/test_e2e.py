@@ -40,7 +40,8 @@ def _sweep_file(tmp: Path, stories_model: Path, scored_data: Path) -> Path:
 def _sweep(f: Path, out: Path, cache: Path) -> subprocess.Popen:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
-    return subprocess.Popen([sys.executable, "-m", "jaxppo.sweep", "--config", str(f), "--output-dir", str(out), "--jobs", "1"],
+    return subprocess.Popen([sys.executable, "-m", "jaxppo.sweep", "--config", str(f), "--output-dir", str(out),
+                             "--jobs", "1"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group, as a shell job would be
 

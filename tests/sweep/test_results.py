@@ -56,7 +56,8 @@ def test_read_run_hand_case(tmp_path):
     assert b.tokens == [0.0, 16 * 40] and b.estimated == "tokens"  # padded fallback, marked
     miss = R.read_run(tmp_path / "c", "v", 0, 8, 40)
     assert (miss.status, miss.error) == ("missing", "not run yet")
-    failed = R.read_run(tmp_path / "c", "v", 0, 8, 40, {"error": "exit status 3", "stderr_tail": "x\nValueError: bad\n"})
+    failed = R.read_run(tmp_path / "c", "v", 0, 8, 40,
+                        {"error": "exit status 3", "stderr_tail": "x\nValueError: bad\n"})
     assert (failed.status, failed.error) == ("failed", "exit status 3: ValueError: bad")
 
 
@@ -143,7 +144,8 @@ def test_summary_hand_case(tmp_path):
     assert f["median_samples_to_target"] == 32 and f["baseline_median_samples_to_target"] == 64
     assert f["final_kl_mean"] == pytest.approx(0.2)
     v = R.verdict(list(rows.values()), "fast", "uniform")
-    assert v.startswith("fast vs uniform: final held-out reward 0.733 [") and ": no difference measured (paired difference 0.233 [-0.054, 0.520], 3 seeds, sign-flip p 0.250)" in v
+    assert v.startswith("fast vs uniform: final held-out reward 0.733 [")
+    assert ": no difference measured (paired difference 0.233 [-0.054, 0.520], 3 seeds, sign-flip p 0.250)" in v
 
 
 def test_identical_non_monotone_arms_read_no_difference(tmp_path):
