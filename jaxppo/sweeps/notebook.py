@@ -9,8 +9,8 @@ Profiles: ``"full"`` = the sweep file's own (default) variants, seeds and budget
 ``<OUTPUT_ROOT>/<stem>`` (with ``OUTPUT_ROOT = results/sweeps``: the sweep file's ``output_dir``, committed, so a
 notebook reads the runs of ``python -m jaxppo.sweep --config FILE`` and, once they are all finished, runs
 nothing); ``"ci"`` = ``--profile ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile
-extended`` (more variants, same ``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those of its variants that
-``python -m jaxppo.sweep --config FILE --profile extended`` has finished there.
+extended`` (more variants, same ``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those
+of its variants that ``python -m jaxppo.sweep --config FILE --profile extended`` has finished there.
 
 :func:`mismatch` and :func:`verdict` are :mod:`jaxppo.sweeps.results`'s (one implementation for the notebooks and
 ``python -m jaxppo.sweeps.report``). Rule used by :func:`verdict` (stated in every notebook): variant ``v`` vs the
