@@ -99,7 +99,7 @@ def _print_summary(rows) -> None:
 
     print(f"{'variant':<24} {'n':>3} {'final [95% CI]':>26} {'AUC':>7} {'paired final diff [95% CI], p':>36}")
     for r in rows:
-        diff = "baseline" if r["n_pairs"] == 0 else (
+        diff = "-" if r["final_diff"] != r["final_diff"] else (   # NaN: the baseline, or nothing paired
             f"{format_ci(r['final_diff'], r['final_diff_lo'], r['final_diff_hi'])}, p {r['final_diff_p']:.3f}")
         print(f"{r['variant']:<24} {r['n_seeds']:>3} "
               f"{format_ci(r['final_reward_mean'], r['final_reward_ci95_lo'], r['final_reward_ci95_hi']):>26} "
