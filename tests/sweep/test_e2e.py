@@ -72,8 +72,9 @@ def test_killed_sweep_rerun_finishes_the_same_table(tmp_path, stories_model, sco
     rerun = _sweep(f, victim_out, sweep_cache)
     out_rerun = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0, out_rerun[-3000:]
-    assert "4 runs, 1 done, 3 to run" in out_rerun
-    assert "start per_a06/seed0" not in out_rerun  # the finished run was skipped
+    # seed-major order: per_a06/seed0 and per_a10/seed0 finished before per_a06/seed1 started
+    assert "4 runs, 2 done, 2 to run" in out_rerun
+    assert "start per_a06/seed0" not in out_rerun and "start per_a10/seed0" not in out_rerun  # skipped
     assert json.loads((second / "summary.json").read_text())["resumed_from"] >= 2  # resumed from its checkpoint
 
     a, b = _table(tmp_path / "full"), _table(victim_out)

@@ -171,3 +171,10 @@ def test_the_positional_form_warns_and_conflicts_are_errors(tmp_path, capsys):
     assert main([str(tmp_path / "none.yaml")]) == 2
     err = capsys.readouterr().err
     assert "positional sweep file is deprecated; use --config" in err and "none.yaml not found" in err
+
+
+def test_runs_execute_seed_by_seed(sweep):
+    """Every variant of seed 0 runs before any of seed 1: a sweep stopped part-way leaves complete pairs."""
+    spec, runs, argv_for, calls, tmp = sweep
+    run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
+    assert calls == ["uniform/seed0", "per/seed0", "uniform/seed1", "per/seed1", "uniform/seed2", "per/seed2"]
