@@ -39,11 +39,11 @@ def is_done(run: RunSpec) -> bool:
     return (run.out_dir / "summary.json").is_file()
 
 
-def seed_major(runs: Sequence[RunSpec]) -> list[RunSpec]:
-    """``runs`` in execution order: by seed first (in order of first appearance), then in their given (variant)
+def seed_major(runs: Sequence[RunSpec], seeds: Sequence[int]) -> list[RunSpec]:
+    """``runs`` in execution order: by the sweep's seed order (``seeds``) first, then in their given (variant)
     order, so that a sweep stopped part-way leaves complete seed pairs for the paired statistics."""
-    seeds = list(dict.fromkeys(r.seed for r in runs))
-    return sorted(runs, key=lambda r: seeds.index(r.seed))   # stable: variants keep their order within a seed
+    rank = {s: i for i, s in enumerate(seeds)}
+    return sorted(runs, key=lambda r: rank.get(r.seed, len(rank)))   # stable: variants keep their order
 
 
 def run_env(spec: SweepSpec, base_env: dict | None = None) -> dict:
@@ -130,7 +130,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
     argv_for = argv_for or (lambda r: r.argv(python))
     env = run_env(spec, env)
     check_not_stale(runs)
-    pending = seed_major([r for r in runs if not is_done(r)])
+    pending = seed_major([r for r in runs if not is_done(r)], spec.seeds)
     done = len(runs) - len(pending)
     log(f"sweep {spec.name}: {len(runs)} runs, {done} done, {len(pending)} to run ({out})")
     failures = read_failures(out)

@@ -178,3 +178,9 @@ def test_runs_execute_seed_by_seed(sweep):
     spec, runs, argv_for, calls, tmp = sweep
     run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
     assert calls == ["uniform/seed0", "per/seed0", "uniform/seed1", "per/seed1", "uniform/seed2", "per/seed2"]
+    # resumed with uniform/seed0 done: the other half of seed 0 still comes first
+    for r in runs[1:]:
+        (r.out_dir / "summary.json").unlink()
+    calls.clear()
+    run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
+    assert calls == ["per/seed0", "uniform/seed1", "per/seed1", "uniform/seed2", "per/seed2"]
