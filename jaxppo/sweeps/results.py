@@ -19,6 +19,9 @@ Curves. For a finished run with batch size ``B`` (trajectories, or DPO pairs, pe
   on the rows it writes (every ``trainer.log_every`` steps and at evaluations), no cumulative clock; so
   ``sum_r perf/step_time_s(r) x (step_r - step_{r-1})`` over logged rows ``r`` (each logged step stands for the
   unlogged ones before it). Exact when every step is logged; otherwise marked ``wall`` in ``estimated``.
+  What the run harness should log so that nothing is estimated: a cumulative ``perf/train_time_s`` (update steps,
+  evaluation excluded, carried across resumes like ``train/tokens_consumed``) on every row, and, in DPO,
+  ``train/samples_consumed`` / ``train/tokens_consumed`` as PPO does, plus a step-0 held-out evaluation.
 
 A failed run is one row with ``status=failed`` and its error; an unfinished one ``status=missing``.
 
