@@ -82,8 +82,11 @@ def _passage_cell(r: dict, first: float, budget: float) -> str:
             f" vs {_median(_float(r['baseline_median_samples_to_target']), first, budget)})")
 
 
-def power_line(rows: Sequence[dict], calibration: dict | None, calibration_path: str) -> str:
-    """The line printed under a sweep's table (module docstring)."""
+def power_line(rows: Sequence[dict], calibration: dict | None, calibration_path: str,
+               baseline: dict | None = None) -> str:
+    """The line printed under a sweep's table (module docstring). When every paired difference is exactly 0 (the
+    arms ran the same computation, e.g. an A/A sweep on a deterministic backend) the power is quoted for
+    independent arms at the baseline's seed sd instead (paired sd ``sqrt(2) x seed sd``)."""
     num = den = 0.0
     ns = []
     for r in rows:
@@ -95,11 +98,20 @@ def power_line(rows: Sequence[dict], calibration: dict | None, calibration_path:
     if not ns:
         return "Power: not measurable (no variant has 2 seeds finished in both arms)."
     sd_d, n = math.sqrt(num / den), min(ns)
-    mde = stats.min_detectable_effect(sd_d, n) if sd_d > 0 else 0.0
-    line = (f"Power: with {n} paired seeds and the pooled sd {sd_d:.4f} of the paired final differences, the paired "
-            f"t-test detects a final difference of {mde:.3f} with 80% power at the 5% level; the exact sign-flip "
-            f"test's smallest p is {stats.min_sign_flip_p(n):.4g}"
-            + (" (it cannot reach 0.05 with this many seeds)" if stats.min_sign_flip_p(n) > stats.ALPHA else "") + ".")
+    seed_sd = _float((baseline or {}).get("final_seed_sd"))
+    if sd_d > 0:
+        line = (f"Power: with {n} paired seeds and the pooled sd {sd_d:.4f} of the paired final differences, the "
+                f"paired t-test detects a final difference of {stats.min_detectable_effect(sd_d, n):.3f} with 80% "
+                "power at the 5% level")
+    elif math.isfinite(seed_sd) and seed_sd > 0:
+        line = (f"Power: every paired final difference is exactly 0 (the arms ran the same computation); with "
+                f"independent arms at the baseline's seed sd {seed_sd:.4f}, {n} paired seeds would detect a final "
+                f"difference of {stats.min_detectable_effect(math.sqrt(2) * seed_sd, n):.3f} with 80% power at the 5% "
+                "level")
+    else:
+        line = "Power: not estimable (every paired final difference and the baseline's seed sd are 0)"
+    line += (f"; the exact sign-flip test's smallest p is {stats.min_sign_flip_p(n):.4g}"
+             + (" (it cannot reach 0.05 with this many seeds)" if stats.min_sign_flip_p(n) > stats.ALPHA else "") + ".")
     if calibration is not None:
         line += (f" A/A calibration ({calibration_path}, {calibration.get('n')} synthetic sweeps per design): every "
                  f"statistic within its nominal rate: {'yes' if calibration.get('all_ok') else 'NO'}.")
@@ -139,7 +151,7 @@ def sweep_report(sweep_file: str | Path, output_root: str | Path, calibration: d
     if spec.baseline not in by_var:
         return [*lines, f"baseline {spec.baseline!r} is not in {path}", ""]
     others = [r for v, r in by_var.items() if v != spec.baseline]
-    lines += [power_line(others, calibration, calibration_path), "", RULE,
+    lines += [power_line(others, calibration, calibration_path, by_var[spec.baseline]), "", RULE,
               *(f"- {verdict(rows, v, spec.baseline)}" for v in by_var if v != spec.baseline), ""]
     return lines
 

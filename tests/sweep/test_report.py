@@ -137,6 +137,16 @@ def test_table_cells_power_line_and_verdicts_by_hand(mini, capsys):
     assert len({len(ln) for ln in text.splitlines() if ln.startswith("|")}) == 1   # padded columns
 
 
+def test_power_line_when_the_arms_are_identical():
+    rows = [{"n_pairs": "10", "final_diff_sd": "0.0"}]
+    line = RP.power_line(rows, None, "x", {"final_seed_sd": "0.038"})
+    mde = stats.min_detectable_effect(math.sqrt(2) * 0.038, 10)
+    assert line == ("Power: every paired final difference is exactly 0 (the arms ran the same computation); with "
+                    f"independent arms at the baseline's seed sd 0.0380, 10 paired seeds would detect a final difference "
+                    f"of {mde:.3f} with 80% power at the 5% level; the exact sign-flip test's smallest p is 0.001953.")
+    assert RP.power_line(rows, None, "x", {"final_seed_sd": "0"}).startswith("Power: not estimable")
+
+
 def test_power_line_quotes_the_calibration(mini, tmp_path, capsys):
     sweep, root = mini
     cal = tmp_path / "cal.json"
