@@ -49,8 +49,9 @@ the budget (``eval.every_samples = budget / 8``). Their evaluation samples were 
 smoke baseline of ``is_onpolicy``, seed 0, 16 samples for each of the 20 held-out prompts): the within-prompt sd of
 the VADER reward was 0.386 (reference) and 0.285 (after 40 steps), so the sampling noise of the held-out mean,
 ``sd_within / sqrt(prompts x samples)``, is 0.043 / 0.032 with 4 samples and 0.031 / 0.023 with 8. The smoke
-sweeps use 8 (half or less of the 0.065 seed sd that issue 19 measured at quickstart scale; the smoke data's own
-seed sd comes from the A/A sweep in ``results/sweeps/aa``). The 20 prompts are all the held-out groups the smoke
+sweeps use 8: 0.023 at the trained policy, below the seed sd of the final reward that the A/A sweep measured
+(``results/sweeps/aa``: 0.038 over 10 seeds; the evaluation noise is part of it, since the evaluation key follows
+the seed) and well below the 0.065 issue 19 reports at quickstart scale. The 20 prompts are all the held-out groups the smoke
 data has (100 prompts x ``data.eval_fraction`` 0.2); the prompt set is the same for every seed, so it adds no seed
 noise.
 
