@@ -1,15 +1,18 @@
-"""``python -m jaxppo.sweep SWEEP.yaml [--profile NAME] [--jobs N] [--print-commands] [--results-only]``.
+"""``python -m jaxppo.sweep --config SWEEP.yaml [--profile NAME] [--jobs N] [--print-commands] [--results-only]``.
+
+(``python -m jaxppo.sweep SWEEP.yaml``, the file as a positional argument, still works and warns: deprecated.)
 
 Seeds x variants of one base config (the sweep file format is in :mod:`jaxppo.sweeps.spec`). Every run is
-an ordinary ``python -m jaxppo.train`` (or ``jaxppo.dpo``) run in ``<output_dir>/runs/<variant>/seed<k>``;
-rerunning the same command resumes the sweep: finished runs are skipped, a killed run continues from its
-checkpoint, failed runs are retried. The whole sweep file is validated (every run's config loaded) before
+an ordinary ``python -m jaxppo.train`` (or ``jaxppo.dpo``) run in ``<output_dir>/runs/<variant>/seed<k>``
+(default ``output_dir``: ``results/sweeps/<name>``, committed); rerunning the same command resumes the sweep:
+finished runs (a ``summary.json``, e.g. committed from another machine) are skipped, a killed run continues from
+its checkpoint, failed runs are retried. The whole sweep file is validated (every run's config loaded) before
 any run starts.
 
 Outputs in ``output_dir``: ``results.csv`` (variant, seed, step, samples, tokens, reward, kl, wall_time_s,
-status, error), ``summary.csv`` (per variant: final reward mean and 95% t-interval, AUC, samples to reach
-the baseline's final reward, data-efficiency ratio with a bootstrap interval; see
-:mod:`jaxppo.sweeps.results`), ``failures.json``, ``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
+status, error), ``summary.csv`` (per variant: final reward mean and 95% t-interval, AUC, and the seed-paired
+comparison with the baseline; see :mod:`jaxppo.sweeps.results`), ``failures.json``,
+``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
 
 Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others),
 2 for an invalid sweep file.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = "python -m jaxppo.sweep"
     ap = argparse.ArgumentParser(prog=prog, description="Multi-seed sweeps of jaxppo runs with data-efficiency "
                                  "curves (resumable).")
-    ap.add_argument("sweep", help="sweep file (YAML), e.g. configs/sweeps/per_alpha.yaml")
+    ap.add_argument("--config", default=None, help="sweep file (YAML), e.g. configs/sweeps/per_alpha.yaml")
+    ap.add_argument("sweep", nargs="?", default=None, help=argparse.SUPPRESS)  # deprecated positional form
     ap.add_argument("--profile", default=None, help="merge profiles.<NAME> of the sweep file (e.g. ci)")
     ap.add_argument("--jobs", "-j", type=int, default=1, help="runs in parallel (default 1)")
     ap.add_argument("--output-dir", default=None, help="override the sweep file's output_dir")
@@ -38,10 +42,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pending", action="store_true", help="with --print-commands: only runs without summary.json")
     ap.add_argument("--results-only", action="store_true", help="only (re)write the tables and plots")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.config is not None and args.sweep is not None:
+        ap.error("give the sweep file once, as --config FILE")
+    if args.config is None and args.sweep is None:
+        ap.error("the following arguments are required: --config")
+    if args.config is None:
+        print(f"{prog}: warning: the positional sweep file is deprecated; use --config {args.sweep}", file=sys.stderr)
+    sweep_file = args.config or args.sweep
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            spec = load_sweep(args.sweep, profile=args.profile, output_dir=args.output_dir)
+            spec = load_sweep(sweep_file, profile=args.profile, output_dir=args.output_dir)
         for w in caught:
             print(f"{prog}: warning: {w.message}", file=sys.stderr)
         runs = plan_runs(spec)
@@ -84,15 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_summary(rows) -> None:
-    def f(x, nd=3):
-        return "nan" if x != x else f"{x:.{nd}f}"
+    from jaxppo.sweeps.results import format_ci
 
-    print(f"{'variant':<24} {'n':>3} {'final reward [95% CI]':>28} {'AUC':>7} {'efficiency [95% CI]':>26}")
+    print(f"{'variant':<24} {'n':>3} {'final [95% CI]':>26} {'AUC':>7} {'paired final diff [95% CI], p':>36}")
     for r in rows:
+        diff = "-" if r["final_diff"] != r["final_diff"] else (   # NaN: the baseline, or nothing paired
+            f"{format_ci(r['final_diff'], r['final_diff_lo'], r['final_diff_hi'])}, p {r['final_diff_p']:.3f}")
         print(f"{r['variant']:<24} {r['n_seeds']:>3} "
-              f"{f(r['final_reward_mean']):>8} [{f(r['final_reward_ci95_lo'])}, {f(r['final_reward_ci95_hi'])}] "
-              f"{f(r['auc_mean']):>7} {f(r['efficiency_ratio'], 2):>6} "
-              f"[{f(r['efficiency_ratio_ci95_lo'], 2)}, {f(r['efficiency_ratio_ci95_hi'], 2)}]")
+              f"{format_ci(r['final_reward_mean'], r['final_reward_ci95_lo'], r['final_reward_ci95_hi']):>26} "
+              f"{r['auc_mean']:>7.3f} {diff:>36}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A sweep's figures (matplotlib Agg, no pyplot state), from its finished runs' curves.
 
 - ``reward_vs_samples.png``: per variant, the seed-mean held-out reward against trajectories consumed, with
-  a band of the per-point 95% t-interval over seeds (no band with one seed);
+  a band of the per-point 95% t-interval over seeds (no band with one seed; a missing evaluation leaves its seed
+  out of that point);
 - ``reward_vs_kl.png``: the reward-KL frontier — per variant, the seed-mean (KL, reward) at each evaluation
   point joined in sample order, the final point marked.
 """
@@ -9,12 +10,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from jaxppo.sweeps.results import RunCurve, t_interval
+from jaxppo.sweeps.results import RunCurve
+from jaxppo.sweeps.stats import t_interval
 
 
 def _variant_arrays(curves: Sequence[RunCurve], variant: str):
@@ -23,6 +25,11 @@ def _variant_arrays(curves: Sequence[RunCurve], variant: str):
         return None
     return (np.asarray(ok[0].samples, np.float64), np.asarray([c.reward for c in ok], np.float64),
             np.asarray([c.kl for c in ok], np.float64))
+
+
+def _interval(col: np.ndarray) -> tuple[float, float, float]:
+    ok = col[np.isfinite(col)]   # a missing (NaN) evaluation leaves that seed out of that point
+    return t_interval(ok) if ok.size else (math.nan, math.nan, math.nan)
 
 
 def plot_sweep(curves: Sequence[RunCurve], variants: Sequence[str], out_dir: str | Path,
@@ -42,7 +49,7 @@ def plot_sweep(curves: Sequence[RunCurve], variants: Sequence[str], out_dir: str
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     for v, (x, y, _) in data.items():
-        stats = [t_interval(y[:, j]) for j in range(y.shape[1])]
+        stats = [_interval(y[:, j]) for j in range(y.shape[1])]
         mean = np.asarray([s[0] for s in stats])
         line, = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.3, label=f"{v} (n={y.shape[0]})")
         lo, hi = np.asarray([s[1] for s in stats]), np.asarray([s[2] for s in stats])
@@ -60,7 +67,7 @@ def plot_sweep(curves: Sequence[RunCurve], variants: Sequence[str], out_dir: str
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     for v, (_, y, k) in data.items():
-        km, ym = np.nanmean(k, axis=0), y.mean(axis=0)
+        km, ym = np.nanmean(k, axis=0), np.nanmean(y, axis=0)
         line, = ax.plot(km, ym, marker="o", markersize=3, linewidth=1.0, label=v)
         if math.isfinite(km[-1]):
             ax.plot([km[-1]], [ym[-1]], marker="*", markersize=11, color=line.get_color())

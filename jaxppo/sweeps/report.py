@@ -1,45 +1,59 @@
-"""``python -m jaxppo.sweeps.report [SWEEP ...] [--output-root runs/sweeps] [--markdown] [--readme README.md]``.
+"""``python -m jaxppo.sweeps.report [SWEEP ...] [--output-root results/sweeps] [--out docs/results.md] [--print]``.
 
-The Results table of finished sweeps, one row per (sweep, variant), read from ``<output_root>/<stem>/summary.csv``
-(written by ``python -m jaxppo.sweep SWEEP`` with the sweep file's default variants) and the runs' ``metrics.jsonl``:
+The Results tables of finished sweeps, generated only from committed files: ``<output_root>/<stem>/summary.csv``
+(written by ``python -m jaxppo.sweep --config SWEEP``), the runs' ``metrics.jsonl`` under it (behaviour mismatch)
+and the calibration file (``--calibration``, default ``results/calibration.json``). Per sweep, one table:
 
-| setting (sweep) | variant | seeds | final held-out reward [95% CI] | final KL | efficiency vs baseline [95% CI] |
-behaviour mismatch at step 1 |
+| variant | seeds | final reward [95% CI] | seed sd | final KL | paired final diff [95% CI], p | AUC diff [95% CI] |
+first reaches target: earlier/later/same (median samples) | behaviour mismatch at step 1 |
 
 - seeds: finished seeds / the sweep file's seeds, ``(k failed)`` when some failed;
-- final held-out reward: mean over finished seeds with its 95% t-interval; final KL: mean KL(policy || reference)
-  at the budget; efficiency: the data-efficiency ratio against the sweep's baseline with its seed-bootstrap
-  interval (all from ``summary.csv``, see :mod:`jaxppo.sweeps.results`);
-- behaviour mismatch at update step 1 (:func:`jaxppo.sweeps.results.mismatch`, mean over seeds):
-  ``rollout_corr/kl`` where the variant logs it, else the token weights' ESS/N, else ``n/a``.
+- final reward (or DPO's held-out pair accuracy, named in the heading): mean over finished seeds with its 95%
+  t-interval; seed sd (ddof 1): the spread of one recipe across seeds — the baseline's row is the noise reference;
+- the paired columns compare the variant with the baseline seed by seed (:mod:`jaxppo.sweeps.results`): the
+  difference of the final value with its 95% t-interval and exact sign-flip p-value, the AUC difference, and the
+  first-passage comparison to half the pooled gain (seeds where the variant got there at an earlier / later / the
+  same evaluation, sign-flip p, the variant's and the baseline's median grid samples; ``<= x_1`` when it was
+  already there at the first evaluation, ``> budget`` when the median seed never got there);
+- behaviour mismatch at update step 1 (:func:`jaxppo.sweeps.results.mismatch`): ``rollout_corr/kl`` where logged,
+  else the token weights' ESS/N, else ``n/a``.
 
-After the table, per sweep, the verdict of every non-baseline variant against the baseline
-(:func:`jaxppo.sweeps.results.verdict`, the notebooks' rule). A sweep without ``summary.csv`` is listed as
-"not run". Default output: the table and plain verdict lines; ``--markdown``: verdicts as a markdown list (the
-block ``--readme`` writes). ``--readme FILE`` replaces the text between ``<!-- sweep-results:begin -->`` and
-``<!-- sweep-results:end -->`` in FILE with that block. Exit status 2 on a bad sweep file or missing markers.
+Under each table: the power line (the paired t-test's smallest final difference detected with 80% power at the
+5% level, :func:`jaxppo.sweeps.stats.min_detectable_effect`, from the sweep's pooled sd of the paired final
+differences and its seed count; the sign-flip test's smallest possible p), the calibration's verdict (whether
+every statistic held its nominal rate on synthetic A/A sweeps), and one verdict line per variant
+(:func:`jaxppo.sweeps.results.verdict`). A sweep without ``summary.csv`` is listed as "not run".
+
+The block replaces the text between ``<!-- sweep-results:begin -->`` and ``<!-- sweep-results:end -->`` in
+``--out`` (default ``docs/results.md``; created with the markers when missing; ``--readme FILE`` is the same
+option under its old name); ``--print`` only prints it. Exit status 2 on a bad sweep file or broken markers.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
+from jaxppo.sweeps import stats
 from jaxppo.sweeps.results import _float, format_ci, mismatch, read_csv, summary_by_variant, verdict
-from jaxppo.sweeps.spec import SweepError, load_sweep
+from jaxppo.sweeps.spec import DEFAULT_ROOT, SweepError, load_sweep
 
-# the sweeps of the four notebooks (issue 12), in the README's order; quickstart_replay is the SmolLM2-135M one
+# the sweeps of the four notebooks (issue 12), in the Results order; quickstart_replay is the SmolLM2-135M one
 DEFAULT_SWEEPS = tuple(f"configs/sweeps/{n}.yaml" for n in (
     "is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "quickstart_replay",
     "pf_filters", "critic_free"))
+DEFAULT_OUT = "docs/results.md"
+DEFAULT_CALIBRATION = "results/calibration.json"
 BEGIN, END = "<!-- sweep-results:begin -->", "<!-- sweep-results:end -->"
-HEADER = ("setting (sweep)", "variant", "seeds", "final held-out reward [95% CI]", "final KL",
-          "efficiency vs baseline [95% CI]", "behaviour mismatch at step 1")
-RULE = ('Verdicts (final held-out reward, 95% t-intervals over seeds: "higher"/"lower" only when the intervals do '
-        'not overlap, else "no difference measured"):')
+HEADER = ("variant", "seeds", "final [95% CI]", "seed sd", "final KL", "paired final diff [95% CI], p",
+          "AUC diff [95% CI]", "first reaches target: earlier/later/same, p (median samples)",
+          "behaviour mismatch at step 1")
+RULE = ('Verdicts (seed-paired difference of the final value, 95% t-interval: "higher"/"lower" when it excludes 0, '
+        'else "no difference measured"):')
 
 
 def _mismatch_cell(m: dict) -> str:
@@ -50,14 +64,72 @@ def _mismatch_cell(m: dict) -> str:
     return "n/a"
 
 
-def sweep_report(sweep_file: str | Path, output_root: str | Path) -> tuple[list[tuple[str, ...]], list[str]]:
-    """``(table rows, verdict lines)`` of one sweep (see the module docstring); raises ``SweepError`` for an
-    invalid sweep file."""
+def _p(x: float) -> str:
+    return "" if math.isnan(x) else (f"p {x:.3f}" if x >= 0.001 else f"p {x:.1e}")
+
+
+def _median(x: float, first: float, budget: float) -> str:
+    if math.isnan(x):
+        return f"> {budget:g}"
+    return f"<= {x:g}" if x <= first else f"{x:g}"
+
+
+def _passage_cell(r: dict, first: float, budget: float) -> str:
+    if math.isnan(_float(r.get("target"))):
+        return ""
+    return (f"{int(_float(r['earlier']))}/{int(_float(r['later']))}/{int(_float(r['ties']))}, "
+            f"{_p(_float(r['passage_p'])) or 'p n/a'} ({_median(_float(r['median_samples_to_target']), first, budget)}"
+            f" vs {_median(_float(r['baseline_median_samples_to_target']), first, budget)})")
+
+
+def power_line(rows: Sequence[dict], calibration: dict | None, calibration_path: str,
+               baseline: dict | None = None) -> str:
+    """The line printed under a sweep's table (module docstring). When every paired difference is exactly 0 (the
+    arms ran the same computation, e.g. an A/A sweep on a deterministic backend) the power is quoted for
+    independent arms at the baseline's seed sd instead (paired sd ``sqrt(2) x seed sd``)."""
+    num = den = 0.0
+    ns = []
+    for r in rows:
+        n, sd = _float(r.get("n_pairs")), _float(r.get("final_diff_sd"))
+        if n >= 2 and math.isfinite(sd):
+            num += (n - 1) * sd * sd
+            den += n - 1
+            ns.append(int(n))
+    if not ns:
+        return "Power: not measurable (no variant has 2 seeds finished in both arms)."
+    sd_d, n = math.sqrt(num / den), min(ns)
+    seed_sd = _float((baseline or {}).get("final_seed_sd"))
+    if sd_d > 0:
+        line = (f"Power: with {n} paired seeds and the pooled sd {sd_d:.4f} of the paired final differences, the "
+                f"paired t-test detects a final difference of {stats.min_detectable_effect(sd_d, n):.3f} with 80% "
+                "power at the 5% level")
+    elif math.isfinite(seed_sd) and seed_sd > 0:
+        line = (f"Power: every paired final difference is exactly 0 (the arms ran the same computation); with "
+                f"independent arms at the baseline's seed sd {seed_sd:.4f}, {n} paired seeds would detect a final "
+                f"difference of {stats.min_detectable_effect(math.sqrt(2) * seed_sd, n):.3f} with 80% power at the 5% "
+                "level")
+    else:
+        line = "Power: not estimable (every paired final difference and the baseline's seed sd are 0)"
+    line += (f"; the exact sign-flip test's smallest p is {stats.min_sign_flip_p(n):.4g}"
+             + (" (it cannot reach 0.05 with this many seeds)" if stats.min_sign_flip_p(n) > stats.ALPHA else "") + ".")
+    if calibration is not None:
+        line += (f" A/A calibration ({calibration_path}, {calibration.get('n')} synthetic sweeps per design): every "
+                 f"statistic within its nominal rate: {'yes' if calibration.get('all_ok') else 'NO'}.")
+    return line
+
+
+def sweep_report(sweep_file: str | Path, output_root: str | Path, calibration: dict | None = None,
+                 calibration_path: str = DEFAULT_CALIBRATION) -> list[str]:
+    """The markdown lines of one sweep (heading, table, power line, verdicts); ``SweepError`` for an invalid
+    sweep file."""
     spec = load_sweep(sweep_file)
     out = Path(output_root) / Path(sweep_file).stem
     path = out / "summary.csv"
+    metric = "held-out pair accuracy" if spec.command == "dpo" else "held-out reward"
+    head = [f"#### {spec.name} ({metric}; baseline {spec.baseline}; {spec.budget_samples} samples, evaluated every "
+            f"{spec.eval.every_samples})", ""]
     if not path.is_file():
-        return [(spec.name, "not run (no summary.csv)", "", "", "", "", "")], []
+        return [*head, f"not run (no {path})", ""]
     rows = read_csv(path)
     by_var = summary_by_variant(rows)
     mism = mismatch(out, list(by_var), spec.seeds, step=1)
@@ -65,31 +137,33 @@ def sweep_report(sweep_file: str | Path, output_root: str | Path) -> tuple[list[
     for v, r in by_var.items():
         n_ok, n_failed = int(float(r["n_seeds"])), int(float(r["n_failed"]))
         seeds = f"{n_ok}/{len(spec.seeds)}" + (f" ({n_failed} failed)" if n_failed else "")
-        kl = _float(r["final_kl_mean"])
-        table.append((spec.name, v + (" (baseline)" if v == spec.baseline else ""), seeds,
+        kl, sd = _float(r["final_kl_mean"]), _float(r["final_seed_sd"])
+        base = v == spec.baseline
+        table.append((v + (" (baseline)" if base else ""), seeds,
                       format_ci(r["final_reward_mean"], r["final_reward_ci95_lo"], r["final_reward_ci95_hi"]),
-                      "n/a" if math.isnan(kl) else f"{kl:.4f}",
-                      format_ci(r["efficiency_ratio"], r["efficiency_ratio_ci95_lo"], r["efficiency_ratio_ci95_hi"],
-                                nd=2),
+                      "n/a" if math.isnan(sd) else f"{sd:.3f}", "n/a" if math.isnan(kl) else f"{kl:.4f}",
+                      "" if base else f"{format_ci(r['final_diff'], r['final_diff_lo'], r['final_diff_hi'])}, "
+                                      f"{_p(_float(r['final_diff_p'])) or 'p n/a'}",
+                      "" if base else format_ci(r["auc_diff"], r["auc_diff_lo"], r["auc_diff_hi"]),
+                      "" if base else _passage_cell(r, spec.eval.every_samples, spec.budget_samples),
                       _mismatch_cell(mism[v])))
+    lines = [*head, *render_table(table), ""]
     if spec.baseline not in by_var:
-        return table, [f"{spec.name}: baseline {spec.baseline!r} is not in {path}"]
-    verdicts = [f"{spec.name}: {verdict(rows, v, spec.baseline)}" for v in by_var if v != spec.baseline]
-    return table, verdicts
+        return [*lines, f"baseline {spec.baseline!r} is not in {path}", ""]
+    others = [r for v, r in by_var.items() if v != spec.baseline]
+    lines += [power_line(others, calibration, calibration_path, by_var[spec.baseline]), "", RULE,
+              *(f"- {verdict(rows, v, spec.baseline)}" for v in by_var if v != spec.baseline), ""]
+    return lines
 
 
-def render(rows: Sequence[Sequence[str]], verdicts: Sequence[str], *, markdown: bool) -> str:
-    """The markdown table (columns padded to a common width), then the verdicts: a ``- `` list when ``markdown``,
-    indented lines otherwise."""
+def render_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table, columns padded to a common width."""
     widths = [max(len(str(x)) for x in col) for col in zip(HEADER, *rows)]
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
 
-    out = [line(HEADER), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(r) for r in rows)]
-    if verdicts:
-        out += ["", RULE, *((("- " if markdown else "  ") + v) for v in verdicts)]
-    return "\n".join(out) + "\n"
+    return [line(HEADER), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(r) for r in rows)]
 
 
 def replace_between_markers(text: str, block: str, *, where: str) -> str:
@@ -104,42 +178,47 @@ def replace_between_markers(text: str, block: str, *, where: str) -> str:
     return text[:i] + "\n" + block.rstrip("\n") + "\n" + text[j:]
 
 
+def _load_calibration(path: str) -> dict | None:
+    p = Path(path)
+    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     prog = "python -m jaxppo.sweeps.report"
-    ap = argparse.ArgumentParser(prog=prog, description="The Results table (final reward, KL, data efficiency, "
-                                 "behaviour mismatch, verdicts) of finished sweeps.")
+    ap = argparse.ArgumentParser(prog=prog, description="The Results tables (final value, seed-paired comparisons, "
+                                 "power, verdicts) of finished sweeps, from their committed files.")
     ap.add_argument("sweeps", nargs="*", default=list(DEFAULT_SWEEPS),
-                    help="sweep files (default: the seven sweeps of the notebooks)")
-    ap.add_argument("--output-root", default="runs/sweeps",
-                    help="each sweep's outputs are read from <output-root>/<stem> (default runs/sweeps)")
-    ap.add_argument("--markdown", action="store_true", help="verdicts as a markdown list (what --readme writes)")
-    ap.add_argument("--readme", default=None, help=f"replace the text between {BEGIN} and {END} in this file")
+                    help="sweep files (default: the sweeps of the notebooks)")
+    ap.add_argument("--output-root", default=DEFAULT_ROOT,
+                    help=f"each sweep's outputs are read from <output-root>/<stem> (default {DEFAULT_ROOT})")
+    ap.add_argument("--calibration", default=DEFAULT_CALIBRATION,
+                    help=f"the calibration file quoted under each table (default {DEFAULT_CALIBRATION})")
+    ap.add_argument("--out", "--readme", dest="out", default=DEFAULT_OUT,
+                    help=f"replace the text between {BEGIN} and {END} in this file (default {DEFAULT_OUT}; "
+                         "created when missing)")
+    ap.add_argument("--print", dest="print_only", action="store_true", help="only print the block")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    rows: list[tuple[str, ...]] = []
-    verdicts: list[str] = []
+    cal = _load_calibration(args.calibration)
+    lines: list[str] = []
     try:
         for f in args.sweeps:
-            r, v = sweep_report(f, args.output_root)
-            rows += r
-            verdicts += v
+            lines += sweep_report(f, args.output_root, cal, args.calibration)
     except SweepError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    text = render(rows, verdicts, markdown=args.markdown)
-    if args.readme is not None:
-        path = Path(args.readme)
-        if not path.is_file():
-            print(f"{prog}: error: {path}: no such file", file=sys.stderr)
-            return 2
+    block = "\n".join(lines).rstrip("\n") + "\n"
+    if not args.print_only:
+        path = Path(args.out)
+        text = path.read_text(encoding="utf-8") if path.is_file() else f"# Results\n\n{BEGIN}\n{END}\n"
         try:
-            new = replace_between_markers(path.read_text(encoding="utf-8"), render(rows, verdicts, markdown=True),
-                                          where=str(path))
+            new = replace_between_markers(text, block, where=str(path))
         except ValueError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(new, encoding="utf-8")
-        print(f"{prog}: wrote the table into {path}", file=sys.stderr)
-    sys.stdout.write(text)
+        print(f"{prog}: wrote the tables into {path}", file=sys.stderr)
+    sys.stdout.write(block)
     return 0
 
 

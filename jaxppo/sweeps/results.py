@@ -1,37 +1,49 @@
 """A sweep's tables: ``results.csv`` (one row per evaluation point of every run) and ``summary.csv``
-(one row per variant). Host-side NumPy; no JAX.
+(one row per variant, with its seed-paired comparison against the baseline). Host-side NumPy; no JAX.
 
-Curves. For a finished run with batch size ``B`` (trajectories per update step):
+Curves. For a finished run with batch size ``B`` (trajectories, or DPO pairs, per update step), the metric is
+``eval/reward_mean`` (``command: train``) or the held-out pair accuracy ``eval/rewards/accuracies``
+(``command: dpo``, which logs no held-out reward curve):
 
-- step 0: ``eval/reward_before`` of ``summary.json`` (the reference policy's held-out reward, evaluated
-  with the same prompts and sampling key as every later point), KL 0;
-- every row of ``metrics.jsonl`` with ``eval/reward_mean`` after step 0 (the trainer's step-0 row is that same
-  reference evaluation): reward ``eval/reward_mean``, KL ``eval/kl``;
-- ``samples = step x B``; ``tokens`` = response tokens consumed, ``sum_{s <= step} B x
-  response_length/mean_s`` when every step logs ``response_length/mean``, else ``samples x
-  (data.max_prompt_length + data.max_response_length)`` (padded); ``wall_time_s`` = the sum of
-  ``perf/step_time_s`` over steps ``<= step`` (update steps only, evaluation excluded).
+- step 0 (train only): ``eval/reward_before`` of ``summary.json`` (the reference policy's held-out reward, with
+  the run's evaluation key; identical in every variant of the same seed), KL 0. DPO logs no step-0 evaluation, so
+  its curve starts at its first evaluation;
+- every row of ``metrics.jsonl`` after step 0 with the metric: its value and ``eval/kl``; a NaN value is kept as
+  a **missing** evaluation (named in ``summary.csv``'s ``missing_evals``, never read as "not reached");
+- ``samples = step x B``;
+- ``tokens``: the trainer's cumulative ``train/tokens_consumed`` of that row (response tokens of the sampled
+  minibatches). When a row lacks it (DPO, older logs): ``sum B x response_length/mean`` if every step up to
+  there logged it, else ``samples x (data.max_prompt_length + data.max_response_length)`` (padded), marked
+  ``tokens`` in the ``estimated`` column;
+- ``wall_time_s``: update-step time up to that step. The trainer logs only the step's own ``perf/step_time_s``
+  on the rows it writes (every ``trainer.log_every`` steps and at evaluations), no cumulative clock; so
+  ``sum_r perf/step_time_s(r) x (step_r - step_{r-1})`` over logged rows ``r`` (each logged step stands for the
+  unlogged ones before it). Exact when every step is logged; otherwise marked ``wall`` in ``estimated``.
+  What the run harness should log so that nothing is estimated: a cumulative ``perf/train_time_s`` (update steps,
+  evaluation excluded, carried across resumes like ``train/tokens_consumed``) on every row, and, in DPO,
+  ``train/samples_consumed`` / ``train/tokens_consumed`` as PPO does, plus a step-0 held-out evaluation.
 
 A failed run is one row with ``status=failed`` and its error; an unfinished one ``status=missing``.
 
-Summary per variant ``v`` over its finished seeds ``k = 1..n`` (curves ``y_k(x)`` on the shared grid
-``x_0 = 0 < x_1 < ... < x_m = budget``):
+Summary per variant over its finished seeds (curves ``y_k(x)`` on the shared grid ``x_0 < ... < x_m = budget``):
 
-- final reward: mean ``ybar`` of ``y_k(x_m)`` and its 95% **t-interval** ``ybar -+ t_{0.975, n-1} s / sqrt(n)``
-  (``s`` the sample standard deviation, ddof 1; NaN when ``n < 2``);
-- AUC: ``(1 / budget) integral_0^budget y_k dx`` by the trapezoid rule (the average reward over the budget),
-  mean and t-interval over seeds;
-- target ``R*`` = the baseline variant's mean final reward; ``samples_to_target`` = the first ``x`` at which
-  the seed-mean curve ``ybar(x)`` reaches ``R*``, linearly interpolated between the two grid points that
-  bracket the first crossing (0 if ``ybar(0) >= R*``, NaN if never); ``seeds_reaching_target`` and
-  ``samples_to_target_seed_mean`` give the same per seed (mean over the seeds that reach it);
-- data-efficiency ratio ``budget / samples_to_target`` (the baseline needs its whole budget to reach its
-  own final reward; > 1: the variant gets there with fewer trajectories; 0 when it never does), with a
-  95% percentile **bootstrap** interval (order statistics: the 2.5% one rounded down, the 97.5% one
-  rounded up, no interpolation): each of ``resamples`` draws resamples the baseline's seeds (for
-  ``R*``) and the variant's seeds (for ``ybar``) with replacement, using ``numpy.random.default_rng(seed)``.
+- ``final_reward_*``: mean of ``y_k(x_m)`` with its 95% t-interval over seeds, and ``final_seed_sd`` (ddof 1) —
+  for the baseline this is the noise reference: how far two seeds of the same recipe land apart;
+- ``auc_*``: ``normalized_auc`` (the average of the curve over the grid), mean and t-interval;
+- paired against the baseline (:mod:`jaxppo.sweeps.stats`; seed ``k`` of both arms shares the evaluation key,
+  the reference evaluation and the replay key), over the seeds finished in both arms with a non-missing value:
+  the differences ``variant - baseline`` of the final value (``final_diff*``; ``final_diff_sd`` their sd, ddof 1,
+  which sets the power line of the report), of the value at a quarter and
+  half of the budget (``at25_diff*``, ``at50_diff*``, :func:`jaxppo.sweeps.stats.value_at`, inside the grid
+  only) and of the AUC (``auc_diff*``), each with its 95% t-interval and exact sign-flip p-value;
+- data efficiency (``target``, ``earlier``/``later``/``ties``, ``passage_p``, ``median_samples_to_target``,
+  ``baseline_median_samples_to_target``, ``below_first_eval``, ``beyond_budget``):
+  :func:`jaxppo.sweeps.stats.paired_first_passage` — per seed, the first evaluation at which each arm reaches
+  half the pooled gain, censored below the first evaluation and beyond the budget, never interpolated or
+  extrapolated. The former ``budget / samples_to_target`` ratio with its bootstrap interval is not reported: its
+  A/A false-positive rate is far above 5% (``python -m jaxppo.sweeps.calibrate``, :mod:`jaxppo.sweeps.legacy`).
 
-Reporting, shared by the notebooks (``notebooks/sweep_report.py``) and ``python -m jaxppo.sweeps.report``:
+Reporting, shared by the notebooks (:mod:`jaxppo.sweeps.notebook`) and ``python -m jaxppo.sweeps.report``:
 :func:`verdict` (the comparison rule), :func:`mismatch` (behaviour mismatch at an update step), :func:`format_ci`.
 """
 
@@ -40,105 +52,26 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
-RESULT_COLUMNS = ("variant", "seed", "step", "samples", "tokens", "reward", "kl", "wall_time_s", "status", "error")
-SUMMARY_COLUMNS = ("variant", "n_seeds", "n_failed", "final_reward_mean", "final_reward_ci95_lo",
-                   "final_reward_ci95_hi", "final_kl_mean", "auc_mean", "auc_ci95_lo", "auc_ci95_hi",
-                   "target_reward", "samples_to_target", "seeds_reaching_target", "samples_to_target_seed_mean",
-                   "efficiency_ratio", "efficiency_ratio_ci95_lo", "efficiency_ratio_ci95_hi")
+from jaxppo.sweeps import stats
 
-
-# ----------------------------------------------------------------------------- statistics
-
-def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom."""
-    from scipy.stats import t
-
-    if df < 1:
-        raise ValueError(f"t quantile needs df >= 1, got {df}")
-    return float(t.ppf(0.975, df))
-
-
-def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """``(mean, lo, hi)``: mean -+ t_{0.975, n-1} * s / sqrt(n), s with ddof 1; NaN bounds when n < 2."""
-    x = np.asarray(values, np.float64)
-    if x.ndim != 1 or x.size == 0:
-        raise ValueError(f"t_interval needs a non-empty 1-D sequence, got shape {x.shape}")
-    m = float(x.mean())
-    if x.size < 2:
-        return m, math.nan, math.nan
-    half = t_quantile_975(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return m, m - half, m + half
-
-
-def normalized_auc(x: Sequence[float], y: Sequence[float], budget: float) -> float:
-    """``(1 / budget) * sum_i (x_{i+1} - x_i) (y_i + y_{i+1}) / 2`` (trapezoid rule)."""
-    xa, ya = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if xa.shape != ya.shape or xa.ndim != 1 or xa.size < 2:
-        raise ValueError(f"normalized_auc needs two 1-D arrays of the same length >= 2, got {xa.shape}, {ya.shape}")
-    if np.any(np.diff(xa) <= 0):
-        raise ValueError("normalized_auc: x must be strictly increasing")
-    if budget <= 0:
-        raise ValueError(f"normalized_auc: budget must be > 0, got {budget}")
-    return float(np.sum(np.diff(xa) * (ya[1:] + ya[:-1]) / 2.0) / budget)
-
-
-def first_crossing(x: Sequence[float], y: Sequence[float], target: float) -> float:
-    """The first ``x`` at which the piecewise-linear curve through ``(x_i, y_i)`` reaches ``target``.
-
-    ``x_0`` if ``y_0 >= target``; else, for the first ``i`` with ``y_i >= target``,
-    ``x_{i-1} + (target - y_{i-1}) (x_i - x_{i-1}) / (y_i - y_{i-1})``; NaN if no point reaches it
-    (or ``target`` is NaN).
-    """
-    xa, ya = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if xa.shape != ya.shape or xa.ndim != 1 or xa.size == 0:
-        raise ValueError(f"first_crossing needs two 1-D arrays of the same non-zero length, got {xa.shape}, "
-                         f"{ya.shape}")
-    if not math.isfinite(target):
-        return math.nan
-    hit = np.nonzero(ya >= target)[0]
-    if hit.size == 0:
-        return math.nan
-    i = int(hit[0])
-    if i == 0:
-        return float(xa[0])
-    x0, x1, y0, y1 = xa[i - 1], xa[i], ya[i - 1], ya[i]
-    return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
-
-
-def efficiency_ratio(budget: float, samples_to_target: float) -> float:
-    """``budget / samples_to_target``; 0 when the target is never reached (NaN samples), inf at 0 samples."""
-    if math.isnan(samples_to_target):
-        return 0.0
-    return math.inf if samples_to_target == 0 else float(budget / samples_to_target)
-
-
-def bootstrap_efficiency_ci(x: Sequence[float], base_final: Sequence[float], curves: np.ndarray, budget: float,
-                            *, resamples: int, seed: int, same: bool = False) -> tuple[float, float]:
-    """95% percentile interval of ``efficiency_ratio`` over seed resamples (see the module docstring).
-
-    ``base_final``: the baseline's final reward per seed; ``curves``: ``[n_seeds, len(x)]`` of the variant.
-    ``same=True`` (the variant is the baseline): one resample of the seeds serves both.
-    Each draw: ``b = rng.integers(0, len(base_final), len(base_final))``, then (unless ``same``)
-    ``v = rng.integers(0, n_seeds, n_seeds)``.
-    """
-    bf = np.asarray(base_final, np.float64)
-    cv = np.asarray(curves, np.float64)
-    if bf.ndim != 1 or bf.size == 0 or cv.ndim != 2 or cv.shape[0] == 0 or cv.shape[1] != len(x):
-        raise ValueError(f"bootstrap_efficiency_ci: base_final {bf.shape} / curves {cv.shape} / x {len(x)} mismatch")
-    rng = np.random.default_rng(seed)
-    ratios = np.empty(resamples)
-    for i in range(resamples):
-        b = rng.integers(0, bf.size, bf.size)
-        v = b if same else rng.integers(0, cv.shape[0], cv.shape[0])
-        ratios[i] = efficiency_ratio(budget, first_crossing(x, cv[v].mean(axis=0), float(bf[b].mean())))
-    # order statistics, no interpolation (ratios may be inf): lo rounds down, hi rounds up
-    return float(np.percentile(ratios, 2.5, method="lower")), float(np.percentile(ratios, 97.5, method="higher"))
+RESULT_COLUMNS = ("variant", "seed", "step", "samples", "tokens", "reward", "kl", "wall_time_s", "estimated",
+                  "status", "error")
+FRACTIONS = ((25, 0.25), (50, 0.5))   # the fixed budgets of the paired comparison besides the final one
+_PAIR_KEYS = ("final_diff", "at25_diff", "at50_diff", "auc_diff")
+SUMMARY_COLUMNS = (
+    "variant", "metric", "n_seeds", "n_failed", "missing_evals", "final_reward_mean", "final_reward_ci95_lo",
+    "final_reward_ci95_hi", "final_seed_sd", "final_kl_mean", "auc_mean", "auc_ci95_lo", "auc_ci95_hi", "n_pairs",
+    "final_diff_sd",
+    *(f"{k}{s}" for k in _PAIR_KEYS for s in ("", "_lo", "_hi", "_p")),
+    "target", "earlier", "later", "ties", "passage_p", "median_samples_to_target",
+    "baseline_median_samples_to_target", "below_first_eval", "beyond_budget")
+METRICS = {"train": "eval/reward_mean", "dpo": "eval/rewards/accuracies"}
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -155,17 +88,25 @@ class RunCurve:
     reward: list[float] = field(default_factory=list)
     kl: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
+    estimated: str = ""      # "tokens", "wall", "tokens,wall" or "": which counters are estimates
+
+    @property
+    def missing_steps(self) -> list[int]:
+        return [s for s, r in zip(self.steps, self.reward) if math.isnan(r)]
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     from jaxppo.trainer.metrics_log import read_jsonl
 
-    return read_jsonl(path)
+    return read_jsonl(path) if path.is_file() else []
 
 
 def read_run(run_dir: Path, variant: str, seed: int, batch_size: int, tokens_per_sample: int,
-             failure: dict | None = None) -> RunCurve:
+             failure: dict | None = None, command: str = "train") -> RunCurve:
     """The evaluation curve of one run folder (see the module docstring)."""
+    if command not in METRICS:
+        raise ValueError(f"read_run: command must be one of {', '.join(METRICS)}, got {command!r}")
+    metric = METRICS[command]
     summ = run_dir / "summary.json"
     if not summ.is_file():
         if failure is not None:
@@ -174,26 +115,50 @@ def read_run(run_dir: Path, variant: str, seed: int, batch_size: int, tokens_per
             return RunCurve(variant, seed, "failed", f"{err}: {tail[-1]}" if tail else err)
         return RunCurve(variant, seed, "missing", "not run yet")
     summary = json.loads(summ.read_text(encoding="utf-8"))
-    if "eval/reward_before" not in summary:
-        return RunCurve(variant, seed, "failed", f"{summ} has no eval/reward_before (no held-out prompts?)")
-    c = RunCurve(variant, seed, "ok", steps=[0], samples=[0], tokens=[0.0],
-                 reward=[float(summary["eval/reward_before"])], kl=[0.0], wall=[0.0])
-    # step 0 (the trainer's evaluation of the reference before any update) is the summary's eval/reward_before
+    if command == "train":
+        if "eval/reward_before" not in summary:
+            return RunCurve(variant, seed, "failed", f"{summ} has no eval/reward_before (no held-out prompts?)")
+        c = RunCurve(variant, seed, "ok", steps=[0], samples=[0], tokens=[0.0],
+                     reward=[_num_or_nan(summary["eval/reward_before"])], kl=[0.0], wall=[0.0])
+    else:
+        c = RunCurve(variant, seed, "ok")
     rows = sorted((r for r in _read_jsonl(run_dir / "metrics.jsonl") if r["step"] > 0), key=lambda r: r["step"])
-    resp_logged = bool(rows) and all("response_length/mean" in r for r in rows)
-    tok = wall = 0.0
+    resp_sum, resp_complete, wall, prev, est = 0.0, True, 0.0, 0, set()
     for r in rows:
         step = int(r["step"])
-        tok += batch_size * float(r["response_length/mean"]) if resp_logged else batch_size * tokens_per_sample
-        wall += float(r.get("perf/step_time_s", 0.0))
-        if "eval/reward_mean" in r:
-            c.steps.append(step)
-            c.samples.append(step * batch_size)
-            c.tokens.append(tok)
-            c.reward.append(float(r["eval/reward_mean"]))
-            c.kl.append(float(r.get("eval/kl", math.nan)))
-            c.wall.append(wall)
+        resp_complete = resp_complete and step == prev + 1 and "response_length/mean" in r
+        if resp_complete:
+            resp_sum += batch_size * float(r["response_length/mean"])
+        if step != prev + 1:
+            est.add("wall")
+        wall += float(r.get("perf/step_time_s", 0.0)) * (step - prev)
+        prev = step
+        if metric not in r:
+            continue
+        if "train/tokens_consumed" in r:
+            tok = float(r["train/tokens_consumed"])
+        elif resp_complete:
+            tok = resp_sum
+        else:
+            tok = float(step * batch_size * tokens_per_sample)
+            est.add("tokens")
+        c.steps.append(step)
+        c.samples.append(step * batch_size)
+        c.tokens.append(tok)
+        c.reward.append(_num_or_nan(r[metric]))
+        c.kl.append(_num_or_nan(r.get("eval/kl", math.nan)))
+        c.wall.append(wall)
+    c.estimated = ",".join(sorted(est))
+    if not c.steps:
+        return RunCurve(variant, seed, "failed", f"{run_dir / 'metrics.jsonl'} has no {metric} row")
     return c
+
+
+def _num_or_nan(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def result_rows(curves: Iterable[RunCurve]) -> list[dict]:
@@ -204,60 +169,122 @@ def result_rows(curves: Iterable[RunCurve]) -> list[dict]:
                                                           "error": c.error})
             continue
         for i in range(len(c.steps)):
+            miss = math.isnan(c.reward[i])
             rows.append({"variant": c.variant, "seed": c.seed, "step": c.steps[i], "samples": c.samples[i],
                          "tokens": round(c.tokens[i], 6), "reward": c.reward[i], "kl": c.kl[i],
-                         "wall_time_s": round(c.wall[i], 6), "status": "ok", "error": ""})
+                         "wall_time_s": round(c.wall[i], 6), "estimated": c.estimated, "status": "ok",
+                         "error": "missing evaluation (NaN)" if miss else ""})
     return rows
+
+
+# ----------------------------------------------------------------------------- statistics of arrays
+
+def arm_stats(x: np.ndarray, y: np.ndarray) -> dict:
+    """Per-arm columns of ``summary.csv`` from ``y [n_seeds, len(x)]`` (NaN = missing evaluation): final value
+    mean / t-interval / seed sd over the seeds whose final value is present, AUC over the complete curves."""
+    row = {k: math.nan for k in ("final_reward_mean", "final_reward_ci95_lo", "final_reward_ci95_hi",
+                                 "final_seed_sd", "auc_mean", "auc_ci95_lo", "auc_ci95_hi")}
+    fin = y[:, -1][np.isfinite(y[:, -1])]
+    if fin.size:
+        row["final_reward_mean"], row["final_reward_ci95_lo"], row["final_reward_ci95_hi"] = stats.t_interval(fin)
+        row["final_seed_sd"] = float(fin.std(ddof=1)) if fin.size > 1 else math.nan
+    complete = y[np.all(np.isfinite(y), axis=1)]
+    if complete.size and x.size >= 2:
+        aucs = [stats.normalized_auc(x, yk) for yk in complete]
+        row["auc_mean"], row["auc_ci95_lo"], row["auc_ci95_hi"] = stats.t_interval(aucs)
+    return row
+
+
+def _put(row: dict, key: str, p: stats.Paired | None) -> None:
+    if p is None:
+        row[key] = row[key + "_lo"] = row[key + "_hi"] = row[key + "_p"] = math.nan
+    else:
+        row[key], row[key + "_lo"], row[key + "_hi"], row[key + "_p"] = p.mean, p.lo, p.hi, p.p
+
+
+def compare_arms(x: np.ndarray, yv: np.ndarray, yb: np.ndarray) -> dict:
+    """The paired columns of ``summary.csv`` (module docstring) for two arms whose rows are the same seeds, in
+    the same order, on the grid ``x``; NaN marks a missing evaluation (that seed leaves the comparisons that need
+    it). Used by :func:`summarize` and by ``jaxppo.sweeps.calibrate`` (the same code is calibrated)."""
+    x = np.asarray(x, np.float64)
+    yv, yb = np.asarray(yv, np.float64), np.asarray(yb, np.float64)
+    if yv.shape != yb.shape or yv.ndim != 2 or yv.shape[1] != x.size:
+        raise ValueError(f"compare_arms: curves {yv.shape} / {yb.shape} on a grid of {x.size} points")
+    row: dict = {"n_pairs": int(yv.shape[0])}
+
+    def pair(a: np.ndarray, b: np.ndarray):
+        ok = np.isfinite(a) & np.isfinite(b)
+        return stats.paired(a[ok], b[ok]) if ok.sum() >= 1 else None
+
+    _put(row, "final_diff", pair(yv[:, -1], yb[:, -1]))
+    d = (yv[:, -1] - yb[:, -1])[np.isfinite(yv[:, -1] - yb[:, -1])]
+    row["final_diff_sd"] = float(d.std(ddof=1)) if d.size >= 2 else math.nan
+    for pct, f in FRACTIONS:
+        at = f * x[-1]
+        if at < x[0]:
+            _put(row, f"at{pct}_diff", None)
+            continue
+        _put(row, f"at{pct}_diff", pair(_values_at(x, yv, at), _values_at(x, yb, at)))
+    if x.size >= 2:
+        def auc(y):
+            return np.asarray([stats.normalized_auc(x, yk) if np.all(np.isfinite(yk)) else math.nan for yk in y])
+        _put(row, "auc_diff", pair(auc(yv), auc(yb)))
+        fp = stats.paired_first_passage(x, yv, yb)
+        row.update(target=fp.target, earlier=fp.earlier, later=fp.later, ties=fp.ties, passage_p=fp.p,
+                   median_samples_to_target=fp.variant_median, baseline_median_samples_to_target=fp.baseline_median,
+                   below_first_eval=fp.variant_status[stats.CENSOR_BELOW],
+                   beyond_budget=fp.variant_status[stats.CENSOR_BEYOND])
+    else:
+        _put(row, "auc_diff", None)
+    return row
+
+
+def _values_at(x: np.ndarray, y: np.ndarray, at: float) -> np.ndarray:
+    return np.asarray([stats.value_at(x, yk, at) for yk in y])
 
 
 # ----------------------------------------------------------------------------- summary
 
+def _arm(curves: Sequence[RunCurve], v: str, budget: int) -> tuple[np.ndarray | None, dict[int, np.ndarray]]:
+    ok = [c for c in curves if c.variant == v and c.status == "ok"]
+    if not ok:
+        return None, {}
+    x = np.asarray(ok[0].samples, np.float64)
+    for c in ok[1:]:
+        if list(c.samples) != list(ok[0].samples):
+            raise ValueError(f"variant {v}: seeds {ok[0].seed} and {c.seed} have different evaluation points "
+                             f"({ok[0].samples} vs {c.samples})")
+    if x[-1] != budget:
+        raise ValueError(f"variant {v}: the last evaluation is at {x[-1]:g} samples, not the budget {budget}")
+    return x, {c.seed: np.asarray(c.reward, np.float64) for c in ok}
+
+
 def summarize(curves: Sequence[RunCurve], variants: Sequence[str], baseline: str, budget: int, *,
-              resamples: int = 2000, seed: int = 0) -> list[dict]:
-    """One summary row per variant (see the module docstring)."""
-    by_var = {v: [c for c in curves if c.variant == v] for v in variants}
-
-    def grid(v: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        ok = [c for c in by_var[v] if c.status == "ok"]
-        if not ok:
-            return None, None
-        x = np.asarray(ok[0].samples, np.float64)
-        for c in ok[1:]:
-            if list(c.samples) != list(ok[0].samples):
-                raise ValueError(f"variant {v}: seeds {ok[0].seed} and {c.seed} have different evaluation points "
-                                 f"({ok[0].samples} vs {c.samples})")
-        if x[-1] != budget:
-            raise ValueError(f"variant {v}: the last evaluation is at {x[-1]:g} samples, not the budget {budget}")
-        return x, np.asarray([c.reward for c in ok], np.float64)
-
-    bx, by = grid(baseline)
-    target = float(by[:, -1].mean()) if by is not None else math.nan
+              metric: str = METRICS["train"]) -> list[dict]:
+    """One summary row per variant (see the module docstring); the baseline's paired columns are empty."""
+    bx, by = _arm(curves, baseline, budget)
     rows = []
     for v in variants:
-        x, y = grid(v)
-        n_failed = sum(c.status == "failed" for c in by_var[v])
-        row = {k: math.nan for k in SUMMARY_COLUMNS} | {"variant": v, "n_seeds": 0, "n_failed": n_failed,
-                                                        "target_reward": target, "seeds_reaching_target": 0}
-        if y is None:
+        x, y = _arm(curves, v, budget)
+        vc = [c for c in curves if c.variant == v]
+        row = {k: math.nan for k in SUMMARY_COLUMNS} | {
+            "variant": v, "metric": metric, "n_seeds": len(y), "n_failed": sum(c.status == "failed" for c in vc),
+            "missing_evals": " ".join(f"seed{c.seed}@step{s}" for c in vc if c.status == "ok"
+                                      for s in c.missing_steps), "n_pairs": 0}
+        if x is None:
             rows.append(row)
             continue
-        ok = [c for c in by_var[v] if c.status == "ok"]
-        row["n_seeds"] = y.shape[0]
-        row["final_reward_mean"], row["final_reward_ci95_lo"], row["final_reward_ci95_hi"] = t_interval(y[:, -1])
-        row["final_kl_mean"] = float(np.mean([c.kl[-1] for c in ok]))
-        aucs = [normalized_auc(x, yk, budget) for yk in y]
-        row["auc_mean"], row["auc_ci95_lo"], row["auc_ci95_hi"] = t_interval(aucs)
-        if math.isfinite(target):
-            s = first_crossing(x, y.mean(axis=0), target)
-            per_seed = np.asarray([first_crossing(x, yk, target) for yk in y])
-            reached = per_seed[~np.isnan(per_seed)]
-            row["samples_to_target"] = s
-            row["seeds_reaching_target"] = int(reached.size)
-            row["samples_to_target_seed_mean"] = float(reached.mean()) if reached.size else math.nan
-            row["efficiency_ratio"] = efficiency_ratio(budget, s)
-            lo, hi = bootstrap_efficiency_ci(x, by[:, -1], y, budget, resamples=resamples, seed=seed,
-                                             same=(v == baseline))
-            row["efficiency_ratio_ci95_lo"], row["efficiency_ratio_ci95_hi"] = lo, hi
+        arr = np.stack([y[s] for s in sorted(y)])
+        row.update(arm_stats(x, arr))
+        kls = [c.kl[-1] for c in vc if c.status == "ok" and math.isfinite(c.kl[-1])]
+        row["final_kl_mean"] = float(np.mean(kls)) if kls else math.nan
+        if v != baseline and bx is not None:
+            if list(bx) != list(x):
+                raise ValueError(f"variant {v} is evaluated at {x.tolist()} samples, the baseline {baseline} at "
+                                 f"{bx.tolist()}: paired comparisons need the same grid")
+            seeds = sorted(set(y) & set(by))
+            if seeds:
+                row.update(compare_arms(x, np.stack([y[s] for s in seeds]), np.stack([by[s] for s in seeds])))
         rows.append(row)
     return rows
 
@@ -282,12 +309,12 @@ def read_csv(path: Path) -> list[dict]:
 def write_results(spec, runs, failures: dict[str, dict]) -> tuple[list[RunCurve], list[dict]]:
     """Read every run of ``runs`` (``RunSpec``s of ``spec``) and write ``results.csv`` and ``summary.csv``
     into ``spec.output_dir``; returns the curves and the summary rows."""
-    curves = [read_run(r.out_dir, r.variant, r.seed, r.batch_size, r.tokens_per_sample, failures.get(r.key))
-              for r in runs]
+    curves = [read_run(r.out_dir, r.variant, r.seed, r.batch_size, r.tokens_per_sample, failures.get(r.key),
+                       command=spec.command) for r in runs]
     out = Path(spec.output_dir)
     write_csv(out / "results.csv", result_rows(curves), RESULT_COLUMNS)
     summary = summarize(curves, list(spec.variants), spec.baseline, spec.budget_samples,
-                        resamples=spec.bootstrap_resamples, seed=spec.bootstrap_seed)
+                        metric=METRICS[spec.command])
     write_csv(out / "summary.csv", summary, SUMMARY_COLUMNS)
     return curves, summary
 
@@ -346,40 +373,53 @@ def summary_by_variant(summary) -> dict[str, dict]:
     return {str(r["variant"]): dict(r) for r in rows}
 
 
+
+
 def _num(row: dict, key: str) -> float:
     return _float(row.get(key, ""))
 
 
-def verdict(summary, variant: str, baseline: str) -> str:
-    """One sentence comparing ``variant`` with ``baseline`` on the final held-out reward (``summary``: see
-    :func:`summary_by_variant`).
+def _p(p: float) -> str:
+    return "n/a" if math.isnan(p) else (f"{p:.3f}" if p >= 0.001 else f"{p:.1e}")
 
-    Rule, with each side's 95% t-interval over seeds ``[lo, hi]``: ``lo_v > hi_b`` -> "higher", ``hi_v < lo_b``
-    -> "lower" (the intervals do not overlap); otherwise "no difference measured" (overlapping or touching
-    intervals; conservative: intervals can overlap while a paired test would still find a difference); a NaN
-    bound on either side (fewer than 2 finished seeds) -> "not measurable". The variant's data-efficiency ratio
-    with its interval is appended unless it is NaN (``inf``: the variant starts at or above the target).
+
+def verdict(summary, variant: str, baseline: str) -> str:
+    """One sentence comparing ``variant`` with ``baseline`` (``summary``: see :func:`summary_by_variant`).
+
+    Rule: the seed-paired difference of the final value (variant - baseline) with its 95% t-interval:
+    "higher" when the interval lies above 0, "lower" when below, otherwise "no difference measured"; fewer than
+    2 paired seeds: "not measurable". The exact sign-flip p-value of the same differences, the AUC difference and
+    the first-passage comparison (earlier / later / ties, sign-flip p) follow. Their false-positive rates are
+    measured by ``python -m jaxppo.sweeps.calibrate``.
     """
     rows = summary_by_variant(summary)
     for name in (variant, baseline):
         if name not in rows:
             raise ValueError(f"verdict: variant {name!r} is not in the summary (variants: {', '.join(rows)})")
     v, b = rows[variant], rows[baseline]
-    vlo, vhi, blo, bhi = (_num(v, "final_reward_ci95_lo"), _num(v, "final_reward_ci95_hi"),
-                          _num(b, "final_reward_ci95_lo"), _num(b, "final_reward_ci95_hi"))
-    vs = (f"{variant} vs {baseline}: final reward {format_ci(_num(v, 'final_reward_mean'), vlo, vhi)} vs "
-          f"{format_ci(_num(b, 'final_reward_mean'), blo, bhi)}")
-    if not all(math.isfinite(x) for x in (vlo, vhi, blo, bhi)):
-        word = "not measurable (fewer than 2 finished seeds)"
-    elif vlo > bhi:
-        word = "higher (the 95% intervals do not overlap)"
-    elif vhi < blo:
-        word = "lower (the 95% intervals do not overlap)"
-    else:
-        word = "no difference measured (the 95% intervals overlap)"
-    eff = ""
-    ratio = _num(v, "efficiency_ratio")
-    if variant != baseline and not math.isnan(ratio):
-        eff = (f"; data-efficiency ratio "
-               f"{format_ci(ratio, _num(v, 'efficiency_ratio_ci95_lo'), _num(v, 'efficiency_ratio_ci95_hi'), nd=2)}")
-    return f"{vs}: {word}{eff}."
+    n = int(_num(v, "n_pairs")) if math.isfinite(_num(v, "n_pairs")) else 0
+    p = stats.Paired(_num(v, "final_diff"), _num(v, "final_diff_lo"), _num(v, "final_diff_hi"),
+                     _num(v, "final_diff_p"), n)
+    word = p.word
+    head = f"{variant} vs {baseline}: final {_metric_name(v)} {_final_ci(v)} vs {_final_ci(b)}"
+    if word == "not measurable":
+        return f"{head}: not measurable (fewer than 2 seeds finished in both arms)."
+    ef = (f"first reaches {_num(v, 'target'):.3f} earlier in {int(_num(v, 'earlier'))}, later in "
+          f"{int(_num(v, 'later'))}, same evaluation in {int(_num(v, 'ties'))} of {n} seeds "
+          f"(sign-flip p {_p(_num(v, 'passage_p'))})") if math.isfinite(_num(v, "target")) else ""
+    missing = str(v.get("missing_evals", "") or "")
+    auc = format_ci(_num(v, "auc_diff"), _num(v, "auc_diff_lo"), _num(v, "auc_diff_hi"))
+    return (f"{head}: {word} (paired difference {format_ci(p.mean, p.lo, p.hi)}, {n} seeds, sign-flip p "
+            f"{_p(p.p)}); AUC difference {auc}"
+            + (f"; {ef}" if ef else "") + (f"; missing evaluations: {missing}" if missing and missing != "nan" else "")
+            + ".")
+
+
+def _final_ci(row: dict) -> str:
+    return format_ci(_num(row, "final_reward_mean"), _num(row, "final_reward_ci95_lo"),
+                     _num(row, "final_reward_ci95_hi"))
+
+
+def _metric_name(row: dict) -> str:
+    m = str(row.get("metric", "") or METRICS["train"])
+    return "held-out pair accuracy" if m == METRICS["dpo"] else "held-out reward"

@@ -1,6 +1,8 @@
 """Run a sweep's runs as subprocesses, resumably.
 
-- A run is **done** when its ``summary.json`` exists; done runs are skipped. Any other run is started as
+- A run is **done** when its ``summary.json`` exists (a committed run folder under ``results/sweeps`` included:
+  checkpoints are not needed); done runs are skipped. The others run seed by seed (every variant of seed 0, then
+  of seed 1, ...: :func:`seed_major`), so a sweep stopped part-way leaves complete pairs. Any other run is started as
   ``python -m jaxppo.<command> --config BASE ... trainer.output_dir=<dir> trainer.resume=auto``, so a run
   that was killed (with the sweep, by SIGKILL of its process group) continues from its newest checkpoint.
 - Runs stay in the sweep's process group: killing the group stops everything, and the next invocation
@@ -22,8 +24,8 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec
 
@@ -35,6 +37,13 @@ TAIL_CHARS = 4000
 
 def is_done(run: RunSpec) -> bool:
     return (run.out_dir / "summary.json").is_file()
+
+
+def seed_major(runs: Sequence[RunSpec], seeds: Sequence[int]) -> list[RunSpec]:
+    """``runs`` in execution order: by the sweep's seed order (``seeds``) first, then in their given (variant)
+    order, so that a sweep stopped part-way leaves complete seed pairs for the paired statistics."""
+    rank = {s: i for i, s in enumerate(seeds)}
+    return sorted(runs, key=lambda r: rank.get(r.seed, len(rank)))   # stable: variants keep their order
 
 
 def run_env(spec: SweepSpec, base_env: dict | None = None) -> dict:
@@ -121,7 +130,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
     argv_for = argv_for or (lambda r: r.argv(python))
     env = run_env(spec, env)
     check_not_stale(runs)
-    pending = [r for r in runs if not is_done(r)]
+    pending = seed_major([r for r in runs if not is_done(r)], spec.seeds)
     done = len(runs) - len(pending)
     log(f"sweep {spec.name}: {len(runs)} runs, {done} done, {len(pending)} to run ({out})")
     failures = read_failures(out)

@@ -1,22 +1,22 @@
 """The sweep file: schema, profiles, and the run plan, validated before any run starts.
 
-A sweep file is YAML (read with ``yaml.safe_load``)::
+A sweep file is YAML, read and checked by the config loader (``jaxppo.config.read_yaml`` / ``from_dict`` of
+:class:`SweepFile`: strict keys with "did you mean", typed values, ranges)::
 
     name: per_alpha                      # optional; default: the file's stem
     base: configs/smoke.yaml             # the base config (relative paths: from the current directory)
     command: train                       # train -> python -m jaxppo.train, dpo -> python -m jaxppo.dpo
     seeds: [0, 1, 2, 3, 4]
-    seed_keys: [trainer.seed]            # config keys set to the seed (default: trainer.seed only)
+    seed_keys: [trainer.seed]            # config keys set to the seed (default: trainer.seed; dpo: + data.seed)
     overrides: [trainer.progress=false]  # dotted overrides common to every run
     variants:                            # name -> dotted overrides of that variant
       uniform: [replay.sampling=uniform]
       per_a06: [replay.sampling=prioritized, replay.alpha=0.6]
     baseline: uniform                    # its mean final reward is the data-efficiency target
-    eval: {every_samples: 320, samples_per_prompt: 4, prompts: 32}
-    budget: {samples: 1280}
-    output_dir: runs/sweeps/per_alpha    # default: runs/sweeps/<name>
-    batch_key: actor.ppo_mini_batch_size # the config key holding the trajectories consumed per step
-    bootstrap: {resamples: 2000, seed: 0}
+    eval: {every_samples: 160, samples_per_prompt: 8, prompts: 20}
+    budget: {samples: 1280}              # >= 8 evaluations after step 0 (fewer: a warning)
+    output_dir: results/sweeps/per_alpha # default: results/sweeps/<name> (committed; see below)
+    batch_key: actor.ppo_mini_batch_size # items consumed per step (default; dpo: dpo.batch_size)
     profiles:                            # --profile ci: merged into the file before anything else
       ci: {seeds: [0, 1], budget: {samples: 64}, overrides: [trainer.eval_prompts=4]}
 
@@ -31,13 +31,32 @@ is optional: without it ``trainer.eval_prompts`` comes from the base or the over
 budget). The sweep-owned keys may not appear in ``overrides`` or a variant.
 
 Profiles: ``--profile NAME`` merges ``profiles[NAME]`` into the file: mappings (``eval``, ``budget``,
-``variants``, ``bootstrap``) merge key by key, ``overrides`` is *appended* to the file's overrides (so
+``variants``) merge key by key, ``overrides`` is *appended* to the file's overrides (so
 the profile's win), any other key replaces the file's value.
 
-Seeds: ``trainer.seed`` drives the replay sampling order, the critic head's initialisation and the
-evaluation samples. ``data.seed`` (the held-out split) is deliberately not a seed key by default: every
-seed of a sweep evaluates on the same held-out prompts. Add it to ``seed_keys`` to vary it too. The issue
-asks for at least 5 seeds; fewer is allowed (``ci`` profiles) with a warning.
+Seeds: ``trainer.seed`` drives the replay sampling order (``TrainState.rng``), the critic head's initialisation
+and the evaluation key (``fold_in(PRNGKey(trainer.seed), 10007)``, so the reference evaluation at step 0 is the
+same in every variant of a seed): seed ``k`` of two variants is a *pair* (:mod:`jaxppo.sweeps.stats`). For
+``command: train``, ``data.seed`` (the held-out split) is deliberately not a seed key: every seed evaluates on the
+same held-out prompts. For ``command: dpo`` the seed keys default to ``trainer.seed`` and ``data.seed``, because
+DPO's batch order is drawn from ``data.seed`` (``batch_indices(data.seed, ...)``); ``data.seed`` also picks DPO's
+held-out split, so each seed pair has its own held-out pairs (both arms the same). The batch key of ``dpo`` is
+``dpo.batch_size``. At least 5 seeds are expected (fewer: a warning, e.g. ``ci`` profiles), and at least 8
+evaluations after step 0 (fewer: a warning).
+
+Grids and evaluation samples (issue 19): the shipped sweeps evaluate at 8 points after step 0, the first at 1/8 of
+the budget (``eval.every_samples = budget / 8``). Their evaluation samples were chosen from a measured run (the
+smoke baseline of ``is_onpolicy``, seed 0, 16 samples for each of the 20 held-out prompts): the within-prompt sd of
+the VADER reward was 0.386 (reference) and 0.285 (after 40 steps), so the sampling noise of the held-out mean,
+``sd_within / sqrt(prompts x samples)``, is 0.043 / 0.032 with 4 samples and 0.031 / 0.023 with 8. The smoke
+sweeps use 8: 0.023 at the trained policy, below the seed sd of the final reward that the A/A sweep measured
+(``results/sweeps/aa``: 0.038 over 10 seeds; the evaluation noise is part of it, since the evaluation key follows
+the seed) and well below the 0.065 issue 19 reports at quickstart scale. The 20 prompts are all the held-out groups the smoke
+data has (100 prompts x ``data.eval_fraction`` 0.2); the prompt set is the same for every seed, so it adds no seed
+noise.
+
+Results live in the repository: the default ``output_dir`` is ``results/sweeps/<name>``; a run whose folder
+holds a ``summary.json`` (committed from another machine included) is finished and never re-run.
 
 Validation (:func:`plan_runs`) loads every run's full config with ``jaxppo.config.load_config`` — an
 unknown key or a bad value is a :class:`SweepError` naming the variant, the seed and the key.
@@ -51,21 +70,24 @@ import difflib
 import importlib.util
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal
 
-import yaml
+from jaxppo.config.core import check, field
 
 COMMANDS = {"train": "jaxppo.train", "dpo": "jaxppo.dpo"}
 TOP_KEYS = ("name", "description", "base", "command", "seeds", "seed_keys", "overrides", "variants", "baseline",
-            "eval", "budget", "output_dir", "batch_key", "bootstrap", "profiles")
-EVAL_KEYS = ("every_samples", "samples_per_prompt", "prompts")
-BUDGET_KEYS = ("samples",)
-BOOTSTRAP_KEYS = ("resamples", "seed")
+            "eval", "budget", "output_dir", "batch_key", "profiles")
+# per command: the config keys set to the seed, and the key holding the items consumed per step
+DEFAULT_SEED_KEYS = {"train": ("trainer.seed",), "dpo": ("trainer.seed", "data.seed")}
+DEFAULT_BATCH_KEY = {"train": "actor.ppo_mini_batch_size", "dpo": "dpo.batch_size"}
 # keys the sweep sets itself; a sweep file may not override them
 OWNED_KEYS = ("trainer.total_steps", "trainer.eval_every", "trainer.eval_samples", "trainer.eval_prompts",
               "trainer.output_dir", "trainer.resume")
 MIN_SEEDS = 5
+MIN_EVAL_POINTS = 8   # issue 19: a grid that can resolve a data-efficiency claim
+DEFAULT_ROOT = "results/sweeps"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -75,9 +97,61 @@ class SweepError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
-    every_samples: int
-    samples_per_prompt: int = 1
-    prompts: int | None = None  # None: the base config's trainer.eval_prompts
+    every_samples: int = field(ge=1)
+    samples_per_prompt: int = field(1, ge=1)
+    prompts: int | None = field(None, ge=1)  # None: the base config's trainer.eval_prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetSection:
+    samples: int = field(ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepFile:
+    """The sweep file's schema, loaded by :func:`jaxppo.config.from_dict` (strict keys, typed values, ranges); the
+    checks between fields are in ``__post_init__``."""
+
+    REMOVED_KEYS = {"bootstrap": "the data-efficiency bootstrap is gone (issue 19: miscalibrated); the sweep "
+                                 "statistics are seed-paired and need no resampling settings"}
+
+    base: str
+    seeds: tuple[int, ...]
+    variants: dict[str, tuple[str, ...] | None]
+    baseline: str
+    eval: EvalSpec
+    budget: BudgetSection
+    name: str | None = None
+    description: str = ""
+    command: Literal["train", "dpo"] = "train"
+    seed_keys: tuple[str, ...] | None = None
+    overrides: tuple[str, ...] = ()
+    output_dir: str | None = None
+    batch_key: str | None = None
+
+    def __post_init__(self):
+        check(bool(self.base), "base", "expected a config file path")
+        check(Path(self.base).is_file(), "base",
+              f"config file {self.base} not found (relative paths are resolved from {Path.cwd()})")
+        check(bool(self.seeds), "seeds", "expected a non-empty list of integers")
+        check(all(s >= 0 for s in self.seeds), "seeds", f"must be >= 0, got {list(self.seeds)}")
+        check(len(set(self.seeds)) == len(self.seeds), "seeds", f"duplicates in {list(self.seeds)}")
+        check(self.seed_keys is None or (bool(self.seed_keys) and all(k and "=" not in k for k in self.seed_keys)),
+              "seed_keys", f"expected a non-empty list of dotted config keys, got {self.seed_keys!r}")
+        check(bool(self.variants), "variants", "at least one variant is required")
+        for v, over in self.variants.items():
+            check(bool(_NAME.match(v)), "variants", f"name {v!r} must be letters, digits, '_', '.', '-' "
+                  "(it names a folder)")
+            for where, items in ((f"variants.{v}", over or ()), ("overrides", self.overrides)):
+                for o in items:
+                    check("=" in o, where, f"override {o!r} is not of the form dotted.key=value")
+        check(self.baseline in self.variants, "baseline",
+              f"{self.baseline!r} is not a variant (variants: {', '.join(self.variants)})")
+        check(self.budget.samples % self.eval.every_samples == 0, "budget",
+              f"budget.samples={self.budget.samples} is not a multiple of eval.every_samples="
+              f"{self.eval.every_samples} (every curve must end with an evaluation at the budget)")
+        check(self.name is None or bool(_NAME.match(self.name)), "name",
+              f"must be a non-empty string of letters, digits, '_', '.', '-', got {self.name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +168,6 @@ class SweepSpec:
     budget_samples: int
     output_dir: str
     batch_key: str = "actor.ppo_mini_batch_size"
-    bootstrap_resamples: int = 2000
-    bootstrap_seed: int = 0
     description: str = ""
 
     @property
@@ -131,33 +203,6 @@ def _fail(msg: str) -> None:
     raise SweepError(msg)
 
 
-def _unknown(keys, allowed, where: str) -> None:
-    for k in keys:
-        if k not in allowed:
-            close = difflib.get_close_matches(str(k), list(allowed), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            _fail(f"{where}: unknown key {k!r}{hint}; allowed: {', '.join(allowed)}")
-
-
-def _int(value: Any, key: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        _fail(f"{key}: expected an integer, got {value!r}")
-    if value < minimum:
-        _fail(f"{key}: must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _str_list(value: Any, key: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        _fail(f"{key}: expected a list of 'dotted.key=value' strings, got {value!r}")
-    for v in value:
-        if "=" not in v:
-            _fail(f"{key}: override {v!r} is not of the form dotted.key=value")
-    return tuple(value)
-
-
 def _mapping(value: Any, key: str) -> dict:
     if value is None:
         return {}
@@ -175,11 +220,17 @@ def apply_profile(raw: dict, profile: str | None) -> dict:
     if profile not in profiles:
         _fail(f"--profile {profile!r}: not in this sweep file's profiles ({', '.join(profiles) or 'none defined'})")
     prof = _mapping(profiles[profile], f"profiles.{profile}")
-    _unknown(prof, [k for k in TOP_KEYS if k != "profiles"], f"profiles.{profile}")
+    for k in prof:
+        if k not in TOP_KEYS or k == "profiles":
+            close = difflib.get_close_matches(str(k), list(TOP_KEYS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            _fail(f"profiles.{profile}: unknown key {k!r}{hint}")
     for k, v in prof.items():
         if k == "overrides":
-            data["overrides"] = list(_str_list(data.get("overrides"), "overrides")) + list(
-                _str_list(v, f"profiles.{profile}.overrides"))
+            old, new = data.get("overrides") or [], v or []
+            if not isinstance(old, (list, tuple)) or not isinstance(new, (list, tuple)):
+                _fail(f"profiles.{profile}.overrides: expected lists of dotted.key=value strings")
+            data["overrides"] = [*old, *new]
         elif isinstance(v, Mapping) and isinstance(data.get(k), Mapping):
             data[k] = {**data[k], **v}
         else:
@@ -189,82 +240,33 @@ def apply_profile(raw: dict, profile: str | None) -> dict:
 
 def parse_sweep(raw: Any, *, name: str = "sweep", profile: str | None = None,
                 output_dir: str | None = None) -> SweepSpec:
-    """A :class:`SweepSpec` from the parsed YAML mapping ``raw``; every field is checked here."""
+    """A :class:`SweepSpec` from the parsed YAML mapping ``raw``, checked by the config loader
+    (``jaxppo.config.from_dict`` of :class:`SweepFile`); every problem is a :class:`SweepError` naming the key."""
+    from jaxppo.config import ConfigError, from_dict
+
     if not isinstance(raw, Mapping):
         _fail(f"a sweep file must be a mapping, got {type(raw).__name__}")
-    _unknown(raw, TOP_KEYS, "sweep file")
     data = apply_profile(dict(raw), profile)
-    for req in ("base", "seeds", "variants", "baseline", "eval", "budget"):
-        if data.get(req) is None:
-            _fail(f"{req}: required")
-    name = data.get("name", name)
-    if not isinstance(name, str) or not _NAME.match(name):
-        _fail(f"name: must be a non-empty string of letters, digits, '_', '.', '-', got {name!r}")
-    base = data["base"]
-    if not isinstance(base, str) or not base:
-        _fail(f"base: expected a config file path, got {base!r}")
-    if not Path(base).is_file():
-        _fail(f"base: config file {base} not found (relative paths are resolved from {Path.cwd()})")
-    command = data.get("command", "train")
-    if command not in COMMANDS:
-        _fail(f"command: one of {', '.join(COMMANDS)}, got {command!r}")
-    if importlib.util.find_spec(COMMANDS[command]) is None:
-        _fail(f"command: {command!r} needs the module {COMMANDS[command]}, which is not installed")
-    seeds = data["seeds"]
-    if not isinstance(seeds, (list, tuple)) or not seeds:
-        _fail(f"seeds: expected a non-empty list of integers, got {seeds!r}")
-    seeds = tuple(_int(s, "seeds", minimum=0) for s in seeds)
-    if len(set(seeds)) != len(seeds):
-        _fail(f"seeds: duplicates in {list(seeds)}")
-    if len(seeds) < MIN_SEEDS:
-        warnings.warn(f"sweep {name}: {len(seeds)} seeds (< {MIN_SEEDS}): the confidence intervals are wide",
+    try:
+        f = from_dict(SweepFile, data)
+    except ConfigError as e:
+        raise SweepError(str(e)) from None
+    if importlib.util.find_spec(COMMANDS[f.command]) is None:
+        _fail(f"command: {f.command!r} needs the module {COMMANDS[f.command]}, which is not installed")
+    name = f.name or name
+    if len(f.seeds) < MIN_SEEDS:
+        warnings.warn(f"sweep {name}: {len(f.seeds)} seeds (< {MIN_SEEDS}): the confidence intervals are wide",
                       stacklevel=2)
-    seed_keys = data.get("seed_keys", ["trainer.seed"])
-    if (not isinstance(seed_keys, (list, tuple)) or not seed_keys
-            or not all(isinstance(k, str) and k and "=" not in k for k in seed_keys)):
-        _fail(f"seed_keys: expected a non-empty list of dotted config keys, got {seed_keys!r}")
-    overrides = _str_list(data.get("overrides"), "overrides")
-    variants_raw = _mapping(data["variants"], "variants")
-    if not variants_raw:
-        _fail("variants: at least one variant is required")
-    variants: dict[str, tuple[str, ...]] = {}
-    for vname, vover in variants_raw.items():
-        if not isinstance(vname, str) or not _NAME.match(vname):
-            _fail(f"variants: name {vname!r} must be letters, digits, '_', '.', '-' (it names a folder)")
-        variants[vname] = _str_list(vover, f"variants.{vname}")
-    baseline = data["baseline"]
-    if baseline not in variants:
-        _fail(f"baseline: {baseline!r} is not a variant (variants: {', '.join(variants)})")
-    ev = _mapping(data["eval"], "eval")
-    _unknown(ev, EVAL_KEYS, "eval")
-    if "every_samples" not in ev:
-        _fail("eval.every_samples: required")
-    evs = EvalSpec(every_samples=_int(ev["every_samples"], "eval.every_samples", minimum=1),
-                   samples_per_prompt=_int(ev.get("samples_per_prompt", 1), "eval.samples_per_prompt", minimum=1),
-                   prompts=None if ev.get("prompts") is None else _int(ev["prompts"], "eval.prompts", minimum=1))
-    bud = _mapping(data["budget"], "budget")
-    _unknown(bud, BUDGET_KEYS, "budget")
-    if "samples" not in bud:
-        _fail("budget.samples: required")
-    budget = _int(bud["samples"], "budget.samples", minimum=1)
-    if budget % evs.every_samples:
-        _fail(f"budget.samples={budget} is not a multiple of eval.every_samples={evs.every_samples} "
-              "(every curve must end with an evaluation at the budget)")
-    bs = _mapping(data.get("bootstrap"), "bootstrap")
-    _unknown(bs, BOOTSTRAP_KEYS, "bootstrap")
-    batch_key = data.get("batch_key", "actor.ppo_mini_batch_size")
-    if not isinstance(batch_key, str) or not batch_key:
-        _fail(f"batch_key: expected a dotted config key, got {batch_key!r}")
-    out = output_dir or data.get("output_dir") or f"runs/sweeps/{name}"
-    if not isinstance(out, str):
-        _fail(f"output_dir: expected a path, got {out!r}")
-    desc = data.get("description", "")
-    spec = SweepSpec(name=name, base=base, command=command, seeds=seeds, seed_keys=tuple(seed_keys),
-                     overrides=overrides, variants=variants, baseline=baseline, eval=evs, budget_samples=budget,
-                     output_dir=out, batch_key=batch_key,
-                     bootstrap_resamples=_int(bs.get("resamples", 2000), "bootstrap.resamples", minimum=1),
-                     bootstrap_seed=_int(bs.get("seed", 0), "bootstrap.seed", minimum=0),
-                     description=desc if isinstance(desc, str) else str(desc))
+    points = f.budget.samples // f.eval.every_samples
+    if points < MIN_EVAL_POINTS:
+        warnings.warn(f"sweep {name}: {points} evaluation points after step 0 (< {MIN_EVAL_POINTS}; the first at "
+                      f"{f.eval.every_samples} of {f.budget.samples} samples): too coarse to resolve when a variant "
+                      "reaches a target", stacklevel=2)
+    spec = SweepSpec(name=name, base=f.base, command=f.command, seeds=f.seeds,
+                     seed_keys=f.seed_keys or DEFAULT_SEED_KEYS[f.command], overrides=f.overrides,
+                     variants={v: tuple(o or ()) for v, o in f.variants.items()}, baseline=f.baseline, eval=f.eval,
+                     budget_samples=f.budget.samples, output_dir=output_dir or f.output_dir or f"{DEFAULT_ROOT}/{name}",
+                     batch_key=f.batch_key or DEFAULT_BATCH_KEY[f.command], description=f.description)
     _check_owned(spec)
     return spec
 
@@ -285,14 +287,17 @@ def _check_owned(spec: SweepSpec) -> None:
 
 
 def load_sweep(path: str | Path, *, profile: str | None = None, output_dir: str | None = None) -> SweepSpec:
-    """Read and validate the sweep file ``path`` (``yaml.safe_load``), with ``profile`` merged in."""
+    """Read the sweep file ``path`` with the config loader's reader (``jaxppo.config.read_yaml``:
+    ``yaml.safe_load``, ``extends:`` followed) and validate it, with ``profile`` merged in."""
+    from jaxppo.config import ConfigError, read_yaml
+
     p = Path(path)
     if not p.is_file():
         raise SweepError(f"sweep file {p} not found")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise SweepError(f"sweep file {p}: not valid YAML: {e}") from None
+        raw = read_yaml(p)
+    except ConfigError as e:
+        raise SweepError(f"sweep file {p}: {e}") from None
     return parse_sweep(raw, name=p.stem, profile=profile, output_dir=output_dir)
 
 

@@ -3,7 +3,7 @@
 Each notebook is executed with papermill into ``tmp_path`` with its sweep outputs redirected there
 (``OUTPUT_ROOT``); its ``conclusion``-tagged cell must print a ``CONCLUSION`` block with one comparison line per
 non-baseline variant, each quoting a final reward with a 95% interval and a verdict chosen by the stated rule.
-The sweeps run in subprocesses with one simulated CPU device (``sweep_report.run_sweep`` sets ``XLA_FLAGS``),
+The sweeps run in subprocesses with one simulated CPU device (``jaxppo.sweeps.notebook.run_sweep`` sets ``XLA_FLAGS``),
 sharing one compilation cache across the notebooks of this module.
 """
 
@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.notebooks.helper import import_sweep_report
+from jaxppo.sweeps import notebook as sr
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ("importance_sampling", "prioritized_replay", "pf_ppo_filters", "ppo_vs_dpo_critic_free")
 SWEEPS = ("is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "pf_filters",
           "critic_free")
-VERDICT = re.compile(r"^  (\S+) vs (\S+): final reward (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] vs "
-                     r"(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]: (higher|lower|no difference measured)")
+VERDICT = re.compile(r"^  (\S+) vs (\S+): final held-out reward (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] vs "
+                     r"(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]: (higher|lower|no difference measured) "
+                     r"\(paired difference (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\], (\d+) seeds")
 
 
 def test_every_notebook_is_here_and_old_one_is_gone():
@@ -72,25 +73,26 @@ class _nullcontext:
 def _fake_summary(rows):
     import pandas as pd
 
-    cols = ("final_reward_mean", "final_reward_ci95_lo", "final_reward_ci95_hi", "efficiency_ratio",
-            "efficiency_ratio_ci95_lo", "efficiency_ratio_ci95_hi")
+    cols = ("final_reward_mean", "final_reward_ci95_lo", "final_reward_ci95_hi", "n_pairs", "final_diff",
+            "final_diff_lo", "final_diff_hi", "final_diff_p")
     return pd.DataFrame([{"variant": v, **dict(zip(cols, vals))} for v, vals in rows])
 
 
-@pytest.mark.parametrize("vals,word", [
-    ((0.70, 0.61, 0.79), "higher"),                    # 0.61 > 0.55: no overlap above
-    ((0.30, 0.20, 0.44), "lower"),                     # 0.44 < 0.45: no overlap below
-    ((0.52, 0.41, 0.63), "no difference measured"),    # overlaps [0.45, 0.55]
-    ((0.56, 0.55, 0.57), "no difference measured"),    # touching intervals count as overlapping
-    ((0.90, float("nan"), float("nan")), "not measurable"),
+@pytest.mark.parametrize("diff,word", [
+    ((0.10, 0.02, 0.18), "higher"),                    # the paired interval lies above 0
+    ((-0.10, -0.18, -0.01), "lower"),                  # below 0
+    ((0.02, -0.05, 0.09), "no difference measured"),   # contains 0 (the arms' own intervals may not overlap)
+    ((0.02, 0.0, 0.04), "no difference measured"),     # touching 0 counts as containing it
 ])
-def test_verdict_rule(vals, word):
-    sr = import_sweep_report()
-    summ = _fake_summary([("base", (0.50, 0.45, 0.55, 1.0, 1.0, 1.0)), ("v", (*vals, 2.0, 1.5, 3.0))])
+def test_verdict_rule(diff, word):
+    summ = _fake_summary([("base", (0.50, 0.45, 0.55, 0, *(float("nan"),) * 4)),
+                          ("v", (0.52, 0.41, 0.63, 5, *diff, 0.0625))])
     text = sr.verdict(summ, "v", "base")
-    assert f": {word}" in text
-    assert text.startswith("v vs base: final reward ")
-    assert "data-efficiency ratio 2.00 [1.50, 3.00]" in text
+    assert text.startswith("v vs base: final held-out reward 0.520 [0.410, 0.630] vs 0.500 [0.450, 0.550]: ")
+    assert f": {word} (paired difference " in text and "sign-flip p 0.062" in text
+    one = _fake_summary([("base", (0.50, 0.45, 0.55, 0, *(float("nan"),) * 4)), ("v", (0.9, *(float("nan"),) * 2, 1,
+                                                                                   0.4, *(float("nan"),) * 3))])
+    assert ": not measurable (fewer than 2 seeds finished in both arms)." in sr.verdict(one, "v", "base")
 
 
 @pytest.mark.slow
@@ -115,6 +117,8 @@ def test_notebooks_execute_ci_profile(tmp_path):
         for m in verdicts:
             mean, lo, hi = float(m.group(3)), float(m.group(4)), float(m.group(5))
             assert lo <= mean <= hi, (name, m.group(0))
+            d, dlo, dhi = float(m.group(10)), float(m.group(11)), float(m.group(12))
+            assert dlo <= d <= dhi and int(m.group(13)) == 2, (name, m.group(0))
         # the sweep outputs went to OUTPUT_ROOT, with results.csv and summary tables read from there
         assert list(out_root.glob("*_ci/results.csv")), name
 
@@ -136,7 +140,6 @@ def test_load_extended_reads_only_finished_extended_variants(tmp_path, monkeypat
     from jaxppo.sweeps.spec import load_sweep
 
     monkeypatch.chdir(REPO)
-    sr = import_sweep_report()
     f = "configs/sweeps/per_decay.yaml"
     spec = load_sweep(REPO / f)
     budget = spec.budget_samples
@@ -161,7 +164,8 @@ def test_load_extended_reads_only_finished_extended_variants(tmp_path, monkeypat
     res, summary, curves, spec_x = sr.load_extended(tmp_path, f)
     assert list(summary["variant"]) == [spec.baseline, "per_a1.0"]
     assert set(res["variant"]) == {spec.baseline, "per_a1.0"}
-    assert "per_a1.0 vs " + spec.baseline + ": final reward 0.920" in sr.verdict(summary, "per_a1.0", spec.baseline)
+    assert "per_a1.0 vs " + spec.baseline + ": final held-out reward 0.920" in sr.verdict(summary, "per_a1.0",
+                                                                                          spec.baseline)
     assert ": higher" in sr.verdict(summary, "per_a1.0", spec.baseline)
     _, summary_d, curves_d, _ = sr.load(tmp_path, f, "full")
     assert list(summary_d["variant"]) == default
@@ -170,7 +174,17 @@ def test_load_extended_reads_only_finished_extended_variants(tmp_path, monkeypat
 
 def test_load_extended_without_extended_profile(tmp_path):
     """quickstart_replay.yaml has no extended profile: nothing to read, no error."""
-    sr = import_sweep_report()
     _write_results(tmp_path / "results.csv", [dict(variant="uniform_no_is", seed=0, step=0, samples=0, tokens=0,
                                                    reward=0.1, kl=0.0, wall_time_s=1, status="ok")])
     assert sr.load_extended(tmp_path, "configs/sweeps/quickstart_replay.yaml") is None
+
+
+def test_the_helper_is_a_package_module_and_no_test_edits_sys_path():
+    """Issue 20: notebooks/sweep_report.py moved into the package; neither the tests nor the notebooks put a folder
+    on sys.path to import it."""
+    assert not (REPO / "notebooks" / "sweep_report.py").exists()
+    for f in [*(REPO / "tests").rglob("*.py"), *(REPO / "notebooks").glob("*.ipynb")]:
+        if f.resolve() == Path(__file__).resolve():
+            continue
+        text = f.read_text(encoding="utf-8")
+        assert "sys.path.insert" not in text and "import sweep_report" not in text, f

@@ -32,15 +32,16 @@ def _sweep_file(tmp: Path, stories_model: Path, scored_data: Path) -> Path:
         "name": "tiny", "base": str(base), "seeds": [0, 1], "overrides": [*tiny, "trainer.save_every=2"],
         "variants": {"per_a06": ["replay.alpha=0.6"], "per_a10": ["replay.alpha=1.0"]}, "baseline": "per_a06",
         # batch 16: evaluations at steps 2 and 4 (32 and 64 samples), 4 prompts x 2 samples
-        "eval": {"every_samples": 32, "samples_per_prompt": 2, "prompts": 4}, "budget": {"samples": 64},
-        "bootstrap": {"resamples": 200}}, sort_keys=False))
+        "eval": {"every_samples": 32, "samples_per_prompt": 2, "prompts": 4}, "budget": {"samples": 64}},
+        sort_keys=False))
     return f
 
 
 def _sweep(f: Path, out: Path, cache: Path) -> subprocess.Popen:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
-    return subprocess.Popen([sys.executable, "-m", "jaxppo.sweep", str(f), "--output-dir", str(out), "--jobs", "1"],
+    return subprocess.Popen([sys.executable, "-m", "jaxppo.sweep", "--config", str(f), "--output-dir", str(out),
+                             "--jobs", "1"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group, as a shell job would be
 
@@ -71,8 +72,9 @@ def test_killed_sweep_rerun_finishes_the_same_table(tmp_path, stories_model, sco
     rerun = _sweep(f, victim_out, sweep_cache)
     out_rerun = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0, out_rerun[-3000:]
-    assert "4 runs, 1 done, 3 to run" in out_rerun
-    assert "start per_a06/seed0" not in out_rerun  # the finished run was skipped
+    # seed-major order: per_a06/seed0 and per_a10/seed0 finished before per_a06/seed1 started
+    assert "4 runs, 2 done, 2 to run" in out_rerun
+    assert "start per_a06/seed0" not in out_rerun and "start per_a10/seed0" not in out_rerun  # skipped
     assert json.loads((second / "summary.json").read_text())["resumed_from"] >= 2  # resumed from its checkpoint
 
     a, b = _table(tmp_path / "full"), _table(victim_out)

@@ -45,8 +45,8 @@ def sweep(tmp_path, monkeypatch):
     script.write_text(FAKE)
     spec = parse_sweep({"base": str(REPO / "configs" / "smoke.yaml"), "seeds": [0, 1, 2],
                         "variants": {"uniform": ["replay.sampling=uniform"], "per": []}, "baseline": "uniform",
-                        "eval": {"every_samples": 64}, "budget": {"samples": 128}, "output_dir": "out",
-                        "bootstrap": {"resamples": 50}}, name="fake")
+                        "eval": {"every_samples": 64}, "budget": {"samples": 128}, "output_dir": "out"},
+                       name="fake")
     runs = plan_runs(spec)
     calls: list[str] = []
 
@@ -70,7 +70,8 @@ def test_failure_is_recorded_does_not_stop_the_sweep_and_is_retried(sweep):
     rows = read_csv(Path("out/results.csv"))
     bad = [r for r in rows if r["status"] != "ok"]
     assert bad == [{"variant": "per", "seed": "1", "step": "", "samples": "", "tokens": "", "reward": "", "kl": "",
-                    "wall_time_s": "", "status": "failed", "error": "exit status 3: RuntimeError: planned failure"}]
+                    "wall_time_s": "", "estimated": "", "status": "failed",
+                    "error": "exit status 3: RuntimeError: planned failure"}]
     summary = {r["variant"]: r for r in read_csv(Path("out/summary.csv"))}
     assert (summary["per"]["n_seeds"], summary["per"]["n_failed"]) == ("2", "1")
 
@@ -124,7 +125,7 @@ def test_print_commands(tmp_path, capsys, monkeypatch):
     f.write_text(yaml.safe_dump({"base": str(REPO / "configs" / "smoke.yaml"), "seeds": [0, 1, 2, 3, 4],
                                  "variants": {"a": [], "b": ["replay.alpha=1.0"]}, "baseline": "a",
                                  "eval": {"every_samples": 32}, "budget": {"samples": 64}, "output_dir": "o"}))
-    assert main([str(f), "--print-commands"]) == 0
+    assert main(["--config", str(f), "--print-commands"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 10 and not (tmp_path / "o").exists()
     assert lines[5].startswith("JAX_COMPILATION_CACHE_DIR=") and " python -m jaxppo.train --config " in lines[5]
@@ -133,5 +134,53 @@ def test_print_commands(tmp_path, capsys, monkeypatch):
     d = tmp_path / "o" / "runs" / "a" / "seed0"
     d.mkdir(parents=True)
     (d / "summary.json").write_text("{}")
-    assert main([str(f), "--print-commands", "--pending"]) == 0
+    assert main([str(f), "--print-commands", "--pending"]) == 0   # the deprecated positional form still works
     assert len(capsys.readouterr().out.strip().splitlines()) == 9
+
+
+def test_a_committed_run_without_checkpoints_is_finished(sweep):
+    """A run folder holding only the committed small outputs (metrics.jsonl, summary.json, config.json; no
+    checkpoints), e.g. from another machine, is not run again and its curve is read."""
+    import shutil
+
+    spec, runs, argv_for, calls, tmp = sweep
+    run_sweep(spec, runs[:1], argv_for=argv_for, log=lambda s: None)
+    d = runs[0].out_dir
+    (d / "config.json").write_text(json.dumps(runs[0].config))
+    for p in d.iterdir():
+        if p.name not in ("metrics.jsonl", "summary.json", "config.json"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    calls.clear()
+    logs = []
+    run_sweep(spec, runs, argv_for=argv_for, log=logs.append)
+    assert runs[0].key not in calls and len(calls) == 5
+    assert "6 runs, 1 done, 5 to run" in logs[0]
+    curves, _ = write_results(spec, runs, {})
+    assert curves[0].status == "ok" and curves[0].samples == [0, 64, 128]
+
+
+def test_the_positional_form_warns_and_conflicts_are_errors(tmp_path, capsys):
+    from jaxppo.sweep import main
+
+    with pytest.raises(SystemExit):
+        main([])
+    assert "required: --config" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["a.yaml", "--config", "b.yaml"])
+    assert "give the sweep file once" in capsys.readouterr().err
+    assert main([str(tmp_path / "none.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "positional sweep file is deprecated; use --config" in err and "none.yaml not found" in err
+
+
+def test_runs_execute_seed_by_seed(sweep):
+    """Every variant of seed 0 runs before any of seed 1: a sweep stopped part-way leaves complete pairs."""
+    spec, runs, argv_for, calls, tmp = sweep
+    run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
+    assert calls == ["uniform/seed0", "per/seed0", "uniform/seed1", "per/seed1", "uniform/seed2", "per/seed2"]
+    # resumed with uniform/seed0 done: the other half of seed 0 still comes first
+    for r in runs[1:]:
+        (r.out_dir / "summary.json").unlink()
+    calls.clear()
+    run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
+    assert calls == ["per/seed0", "uniform/seed1", "per/seed1", "uniform/seed2", "per/seed2"]

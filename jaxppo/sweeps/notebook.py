@@ -1,24 +1,28 @@
-"""Helpers shared by the ablation notebooks: run a sweep, read its tables, and word its conclusion.
+"""Helpers shared by the ablation notebooks (``from jaxppo.sweeps import notebook as sr``): run a sweep, read its
+tables, and word its conclusion.
 
-A notebook calls :func:`run_sweep` (a ``python -m jaxppo.sweep FILE`` subprocess with one simulated device, its
-output under ``OUTPUT_ROOT``), then :func:`load` (``results.csv`` → curves → the summary of
+A notebook calls :func:`run_sweep` (a ``python -m jaxppo.sweep --config FILE`` subprocess with one simulated
+device, its output under ``OUTPUT_ROOT``), then :func:`load` (``results.csv`` → curves → the summary of
 :func:`jaxppo.sweeps.results.summarize`), :func:`table`, :func:`plots`, :func:`mismatch` and :func:`verdict`.
 
 Profiles: ``"full"`` = the sweep file's own (default) variants, seeds and budget, no ``--profile`` argument, in
-``<OUTPUT_ROOT>/<stem>`` (with ``OUTPUT_ROOT = runs/sweeps``: the sweep file's ``output_dir``, so a notebook reads
-the runs of ``python -m jaxppo.sweep FILE`` and, once they are all finished, runs nothing); ``"ci"`` = ``--profile
-ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile extended`` (more variants, same
-``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those of its variants that
-``python -m jaxppo.sweep FILE --profile extended`` has finished there.
+``<OUTPUT_ROOT>/<stem>`` (with ``OUTPUT_ROOT = results/sweeps``: the sweep file's ``output_dir``, committed, so a
+notebook reads the runs of ``python -m jaxppo.sweep --config FILE`` and, once they are all finished, runs
+nothing); ``"ci"`` = ``--profile ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile
+extended`` (more variants, same ``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those
+of its variants that ``python -m jaxppo.sweep --config FILE --profile extended`` has finished there.
 
 :func:`mismatch` and :func:`verdict` are :mod:`jaxppo.sweeps.results`'s (one implementation for the notebooks and
 ``python -m jaxppo.sweeps.report``). Rule used by :func:`verdict` (stated in every notebook): variant ``v`` vs the
-baseline ``b`` on the final held-out reward, each with its 95% t-interval over seeds ``[lo, hi]``:
+baseline ``b`` on the final held-out reward, seed by seed (seed ``k`` of both shares the evaluation key, the
+reference evaluation and the replay key): the differences ``d_k = v_k - b_k`` and their 95% t-interval:
 
-- ``lo_v > hi_b``: "higher than"; ``hi_v < lo_b``: "lower than" (the intervals do not overlap);
-- otherwise "no difference measured" (overlapping intervals; this test is conservative: two intervals can overlap
-  while a paired test would still find a difference);
-- fewer than 2 finished seeds on either side: "not measurable" (no interval).
+- the interval above 0: "higher"; below 0: "lower";
+- otherwise "no difference measured";
+- fewer than 2 seeds finished in both: "not measurable".
+
+The exact sign-flip p-value, the AUC difference and the first-passage comparison are quoted with it; the error
+rates of all of them are measured by ``python -m jaxppo.sweeps.calibrate``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from jaxppo.sweeps.results import mismatch, verdict
 __all__ = ["load", "load_extended", "mismatch", "plots", "run_sweep", "sweep_output_dir", "table", "verdict"]
 
 PROFILES = ("ci", "full")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _rel(p: str | Path) -> str:
@@ -95,10 +99,10 @@ def run_sweep(sweep_file: str | Path, profile: str, output_root: str | Path, *, 
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str((Path(output_root) / "xla_cache").resolve()))
     flags = ["--profile", prof] if prof is not None else []
-    argv = [sys.executable, "-m", "jaxppo.sweep", str(sweep_file), *flags, "--output-dir", str(out),
+    argv = [sys.executable, "-m", "jaxppo.sweep", "--config", str(sweep_file), *flags, "--output-dir", str(out),
             "--jobs", str(jobs)]
-    print("$", " ".join(["-m", "jaxppo.sweep", str(sweep_file), *flags, "--output-dir", _rel(out), "--jobs",
-                         str(jobs)]))
+    print("$", " ".join(["-m", "jaxppo.sweep", "--config", str(sweep_file), *flags, "--output-dir", _rel(out),
+                         "--jobs", str(jobs)]))
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip() and "seeds (< 5)" not in ln]
     if not (out / "results.csv").is_file():
@@ -115,8 +119,8 @@ def load(out: str | Path, sweep_file: str | Path, profile: str):
 
     ``results.csv`` rows are de-duplicated on (variant, seed, samples) keeping the last (a run that evaluates at
     step 0 itself repeats the step-0 point), then the summary is recomputed with
-    :func:`jaxppo.sweeps.results.summarize` (final reward t-interval, AUC, data-efficiency ratio with its seed
-    bootstrap), with the sweep file's baseline, budget and bootstrap settings, for the profile's variants only
+    :func:`jaxppo.sweeps.results.summarize` (final reward t-interval, AUC, the seed-paired comparisons with the
+    baseline), with the sweep file's baseline and budget, for the profile's variants only
     (rows of other variants in the same ``results.csv``, e.g. from ``--profile extended``, are left out).
     """
     spec = _spec(sweep_file, sweep_profile(profile), out)
@@ -128,10 +132,11 @@ def load_extended(out: str | Path, sweep_file: str | Path):
     ``out/results.csv``, with the baseline: ``(results, summary, curves, spec)`` as :func:`load`, or ``None`` when
     no such variant has run or the file has no extended profile. Read only: nothing is run."""
     import pandas as pd
-    import yaml
+
+    from jaxppo.config import read_yaml
 
     path = Path(out) / "results.csv"
-    raw = yaml.safe_load(_sweep_path(sweep_file).read_text(encoding="utf-8"))
+    raw = read_yaml(_sweep_path(sweep_file))
     if not path.is_file() or "extended" not in (raw.get("profiles") or {}):
         return None
     spec = _spec(sweep_file, "extended", out)
@@ -156,11 +161,13 @@ def _spec(sweep_file, profile, out):
 def _load(out, spec, variants: list[str]):
     import pandas as pd
 
-    from jaxppo.sweeps.results import RunCurve, summarize
+    from jaxppo.sweeps.results import METRICS, RunCurve, summarize
 
     res = pd.read_csv(Path(out) / "results.csv")
     res = res[res["variant"].isin(variants)]
-    ok = res[res["status"] == "ok"].drop_duplicates(["variant", "seed", "samples"], keep="last")
+    ok = res[res["status"] == "ok"].copy()
+    ok["reward"] = pd.to_numeric(ok["reward"], errors="coerce")   # a missing (NaN) evaluation stays NaN
+    ok = ok.drop_duplicates(["variant", "seed", "samples"], keep="last")
     ok = ok.sort_values(["variant", "seed", "samples"])
     curves = []
     for (v, s), g in ok.groupby(["variant", "seed"], sort=False):
@@ -171,13 +178,14 @@ def _load(out, spec, variants: list[str]):
     for _, r in res[res["status"] != "ok"].iterrows():
         curves.append(RunCurve(r["variant"], int(r["seed"]), str(r["status"]), str(r["error"])))
     summary = pd.DataFrame(summarize(curves, variants, spec.baseline, spec.budget_samples,
-                                     resamples=spec.bootstrap_resamples, seed=spec.bootstrap_seed))
+                                     metric=METRICS[spec.command]))
     return ok.reset_index(drop=True), summary, curves, spec
 
 
 def table(summary):
-    """The notebook's table: final reward (95% t-interval), final KL(policy || reference), data-efficiency
-    ratio (95% seed bootstrap), seeds."""
+    """The notebook's table: final reward (95% t-interval), final KL(policy || reference), AUC (95% t-interval),
+    and against the baseline the seed-paired final difference (95% t-interval, sign-flip p) and the first-passage
+    comparison (earlier/later/same evaluation)."""
     import pandas as pd
 
     rows = []
@@ -187,8 +195,10 @@ def table(summary):
                                                   r["final_reward_ci95_hi"]),
                      "final KL": f"{r['final_kl_mean']:.4f}" if math.isfinite(r["final_kl_mean"]) else "n/a",
                      "AUC [95% CI]": _ci(r["auc_mean"], r["auc_ci95_lo"], r["auc_ci95_hi"]),
-                     "efficiency ratio [95% CI]": _ci(r["efficiency_ratio"], r["efficiency_ratio_ci95_lo"],
-                                                      r["efficiency_ratio_ci95_hi"], nd=2)})
+                     "paired final diff [95% CI]": _ci(r["final_diff"], r["final_diff_lo"], r["final_diff_hi"]),
+                     "sign-flip p": "" if math.isnan(r["final_diff_p"]) else f"{r['final_diff_p']:.3f}",
+                     "first reaches target earlier/later/same": "" if math.isnan(r["target"]) else
+                     f"{int(r['earlier'])}/{int(r['later'])}/{int(r['ties'])}"})
     return pd.DataFrame(rows).set_index("variant")
 
 
