@@ -26,7 +26,7 @@ tools within ``LOSS_TOL``), then compiles/warms up once and times ``--repeats`` 
 driver process's ``ru_maxrss``; the 1/5/15-min load average is recorded before and after each driver.
 Speed-ups (``speedup_vs_tunix`` = Tunix's s/update / jaxppo's) are only given where the losses agree.
 
-``--quick``: 2 layers, 2 repeats, float32 only (tests, smoke runs).
+``--quick``: 2 layers, 2 repeats, float32 only (tests, smoke runs); ``--check-only``: the losses only.
 """
 
 from __future__ import annotations
@@ -189,6 +189,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "results" / "peers.json"))
     ap.add_argument("--quick", action="store_true", help="2 layers, 2 repeats, float32 only")
+    ap.add_argument("--check-only", action="store_true", help="the loss check only (drivers time nothing)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--tasks", default=",".join(TASKS))
@@ -198,7 +199,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--work", default=None, help="folder for weights/batch/driver records (default: a temp dir)")
     args = ap.parse_args(argv)
     layers = args.layers or (2 if args.quick else 30)
-    repeats = args.repeats or (2 if args.quick else 5)
+    repeats = 0 if args.check_only else (args.repeats or (2 if args.quick else 5))
     dtypes = (args.dtypes or ("float32" if args.quick else "float32,bfloat16")).split(",")
     tasks, tools = args.tasks.split(","), args.tools.split(",")
     for t in tasks:

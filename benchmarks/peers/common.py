@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--task", choices=TASKS, required=True)
     ap.add_argument("--dtype", choices=DTYPES, default="float32")
     ap.add_argument("--work", required=True, help="folder with model/, batch.npz, spec.json")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timed updates; 0: the loss only")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -109,8 +109,8 @@ def run_driver(tool: str, build, argv=None) -> dict:
         loss, parts, update, versions, notes = build(args.task, args.dtype, spec, batch, model_dir)
     except Unsupported as e:
         rec = record(tool, args.task, args.dtype, spec, loss=None, unsupported=str(e), load_before=load_before)
-    else:
-        first, times = time_updates(update, args.repeats)
+    else:  # --repeats 0: the loss only (the equivalence check), nothing timed
+        first, times = time_updates(update, args.repeats) if args.repeats > 0 else (None, None)
         rec = record(tool, args.task, args.dtype, spec, loss=loss, parts=parts, first_s=first, times=times,
                      versions=versions, notes=notes, load_before=load_before)
     Path(args.out).write_text(json.dumps(rec, indent=2))
