@@ -5,8 +5,8 @@ A driver is run as ``python <tool>_driver.py --task TASK --dtype DTYPE --work DI
 ``DIR`` holds what ``benchmarks/peers.py`` wrote once for every tool (``model/`` = a Hugging Face folder,
 ``config.json`` + ``model.safetensors``; ``batch.npz`` = the fixed batch; ``spec.json`` = shapes and
 hyper-parameters). The driver builds its tool's model from those weights, computes the loss of ``TASK`` on the
-batch BEFORE any update (the equivalence check), then times ``N`` updates after one warm-up/compile call and
-writes a :func:`record` as JSON.
+batch BEFORE any update (the equivalence check) with the same compiled update it then times ``N`` times (so
+that first call is the compile / warm-up), and writes a :func:`record` as JSON.
 
 Tasks: ``fwdbwd`` (mean next-token cross-entropy over all positions, gradients of every parameter),
 ``dpo`` (one DPO update, reference log-probs given in the batch), ``grpo`` (one critic-free clipped-ratio
@@ -71,30 +71,28 @@ def tokens_of(task: str, spec: dict) -> int:
     return s["rl_batch"] * (s["rl_prompt"] + s["rl_response"])
 
 
-def time_updates(update, repeats: int) -> tuple[float, list[float]]:
-    """``(first call s (compile / warm-up), [repeats] s)``; ``update()`` must block until its result is ready."""
-    t0 = time.perf_counter()
-    update()
-    first = time.perf_counter() - t0
+def time_updates(update, repeats: int) -> list[float]:
+    """``repeats`` timed calls of ``update()`` (which must block until its result is ready). The driver's loss
+    call already ran (compiled / warmed up) the same update, so every call here is a steady-state one."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         update()
         times.append(time.perf_counter() - t0)
-    return first, times
+    return times
 
 
 def record(tool: str, task: str, dtype: str, spec: dict, *, loss: float | None, parts: dict | None = None,
-           first_s: float | None = None, times: list[float] | None = None, versions: dict | None = None,
+           setup_s: float | None = None, times: list[float] | None = None, versions: dict | None = None,
            notes: list[str] | None = None, unsupported: str | None = None, load_before=None) -> dict:
     """The JSON record a driver writes (``s_per_update`` = median of ``times``)."""
-    out = {"tool": tool, "task": task, "dtype": dtype, "loss": loss, "loss_parts": parts or {},
+    out = {"setup_s": setup_s, "tool": tool, "task": task, "dtype": dtype, "loss": loss, "loss_parts": parts or {},
            "versions": versions or {}, "notes": notes or [], "unsupported": unsupported,
            "tokens_per_update": tokens_of(task, spec), "peak_rss_mb": peak_rss_mb(),
            "loadavg_before": load_before, "loadavg_after": list(os.getloadavg()), "python": sys.version.split()[0]}
     if times:
         med = statistics.median(times)
-        out.update(first_call_s=first_s, times_s=times, s_per_update=med,
+        out.update(times_s=times, s_per_update=med,
                    tokens_per_s=out["tokens_per_update"] / med)
     return out
 
@@ -105,13 +103,15 @@ def run_driver(tool: str, build, argv=None) -> dict:
     args = parse_args(argv)
     load_before = list(os.getloadavg())
     spec, batch, model_dir = load_work(args.work)
+    t0 = time.perf_counter()
     try:
         loss, parts, update, versions, notes = build(args.task, args.dtype, spec, batch, model_dir)
     except Unsupported as e:
         rec = record(tool, args.task, args.dtype, spec, loss=None, unsupported=str(e), load_before=load_before)
     else:  # --repeats 0: the loss only (the equivalence check), nothing timed
-        first, times = time_updates(update, args.repeats) if args.repeats > 0 else (None, None)
-        rec = record(tool, args.task, args.dtype, spec, loss=loss, parts=parts, first_s=first, times=times,
+        setup = time.perf_counter() - t0  # load + compile + the first (loss) update
+        times = time_updates(update, args.repeats) if args.repeats > 0 else None
+        rec = record(tool, args.task, args.dtype, spec, loss=loss, parts=parts, setup_s=setup, times=times,
                      versions=versions, notes=notes, load_before=load_before)
     Path(args.out).write_text(json.dumps(rec, indent=2))
     return rec

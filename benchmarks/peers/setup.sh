@@ -8,7 +8,7 @@
 # Every version the comparison depends on is pinned here and recorded by the drivers in results/peers.json.
 #   tunix: google-tunix 0.1.7 on jax/jaxlib 0.10.2 and flax 0.12.x (the JAX backend jaxppo uses; tunix
 #          needs safetensors<0.8, the file format is the same)
-#   trl:   trl 1.16.0 on torch 2.13.0 (CPU build: a bare `torch` would pull GBs of CUDA wheels)
+#   trl:   trl 1.16.0 (+ peft 0.21.2 for the LoRA row) on torch 2.13.0 (CPU build: a bare `torch` would pull GBs of CUDA wheels)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-python3}"
@@ -32,7 +32,7 @@ make_venv() {  # make_venv NAME PIP_ARGS...
 case "$which_peers" in
   tunix|all) make_venv tunix "google-tunix==0.1.7" "jax==0.10.2" "jaxlib==0.10.2" "flax>=0.12,<0.13" \
                "safetensors<0.8" "numpy" "psutil" ;;&
-  trl|all) make_venv trl "torch==2.13.0" "trl==1.16.0" "transformers==5.25.0" "safetensors==0.8.0" \
+  trl|all) make_venv trl "torch==2.13.0" "trl==1.16.0" "transformers==5.25.0" "peft==0.21.2" "safetensors==0.8.0" \
              "numpy" "psutil" ;;
   tunix) ;;
   *) echo "usage: $0 [tunix|trl|all]" >&2; exit 2 ;;

@@ -16,7 +16,8 @@ uses 1e6 in every tool for that reason. Updates use Tunix's own trainers and los
   (``clip_range_value=0.2``) on a critic = a second ``Llama3`` trunk + a scalar head (Tunix leaves the critic
   model to the user; this wrapper runs the trunk's layers and the head, as its value loss expects
   ``[B, T, 1]``);
-- ``lora``: not wired here (qwix adapters), reported as unsupported.
+- ``lora``: the DPO update on ``qwix.apply_lora_to_model`` (``LoraProvider`` rank 8, alpha 16, on q/k/v/o/gate/
+  up/down; the trainer then optimizes only ``nnx.LoRAParam``).
 - ``bfloat16``: Tunix's loader ``dtype=bfloat16`` (bfloat16 parameters: it has no separate compute dtype).
 """
 
@@ -45,8 +46,6 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
     versions = {"tunix": version("google-tunix"), "jax": jax.__version__, "flax": flax.__version__,
                 "optax": optax.__version__, "qwix": version("qwix")}
     notes = ["params " + dtype + " (Tunix loader dtype)"]
-    if task == "lora":
-        raise common.Unsupported("not wired: Tunix LoRA goes through qwix (to do)")
     hp, s = spec["hparams"], spec["shapes"]
     pad_id, eos_id = spec["pad_id"], spec["pad_id"] - 1
     cfg = llama.ModelConfig(num_layers=spec["layers"], vocab_size=spec["vocab"], embed_dim=576, hidden_dim=1536,
@@ -83,8 +82,14 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         return loss, {}, lambda: jax.block_until_ready(fwdbwd(model)), versions, notes
 
     from tunix.sft import peft_trainer
-    if task == "dpo":
+    if task in ("dpo", "lora"):
         from tunix.sft.dpo import dpo_trainer
+        if task == "lora":
+            import qwix
+            provider = qwix.LoraProvider(module_path=".*(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
+                                         rank=hp["lora_rank"], alpha=hp["lora_alpha"])
+            model = qwix.apply_lora_to_model(model, provider, **model.get_model_input(), rngs=nnx.Rngs(0))
+            notes.append("qwix.LoraProvider rank 8 on q/k/v/o/gate/up/down; the trainer optimizes nnx.LoRAParam")
         trainer = dpo_trainer.DPOTrainer(model, None, optimizer(), dpo_trainer.DPOTrainingConfig(
             eval_every_n_steps=10 ** 9, max_steps=10 ** 6, beta=hp["dpo_beta"], label_smoothing=0.0))
         train_step, _ = trainer.jit_train_and_eval_step()

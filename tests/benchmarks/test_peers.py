@@ -96,14 +96,22 @@ def test_jaxppo_driver_runs_and_records(work):
     assert lora["unsupported"] == "jaxppo: no adapters (issue 18)" and "s_per_update" not in lora
 
 
+CHECKED = ("fwdbwd", "dpo", "grpo")
+
+
+@pytest.fixture(scope="module")
+def jaxppo_losses(work):
+    return {t: _run_driver(sys.executable, "jaxppo", t, work, 0, _env())["loss"] for t in CHECKED}
+
+
 @pytest.mark.parametrize("tool", ["tunix", "trl"])
-def test_peer_losses_match_jaxppo(work, tool):
+def test_peer_losses_match_jaxppo(work, tool, jaxppo_losses):
+    """The same weights and batch give the same loss in the peer (model, DPO and GRPO losses; 2 layers)."""
     py = peers.venv_python(tool)
     if not py.exists():
         pytest.skip(f"{tool} venv missing ({py}): run `bash benchmarks/peers/setup.sh {tool}`")
-    env = _env()
-    for task in ("fwdbwd", "dpo", "grpo"):
-        ours = _run_driver(sys.executable, "jaxppo", task, work, 0, env)
-        theirs = _run_driver(str(py), tool, task, work, 0, env)
+    for task in CHECKED:
+        ours = {"loss": jaxppo_losses[task]}
+        theirs = _run_driver(str(py), tool, task, work, 0, _env())
         assert theirs["loss"] is not None and np.isfinite(theirs["loss"]), (task, theirs)
         assert abs(ours["loss"] - theirs["loss"]) <= peers.LOSS_TOL["float32"], (task, ours["loss"], theirs["loss"])
