@@ -112,7 +112,9 @@ def measure_torch(args) -> dict:
     """Child: transformers' ``LlamaForCausalLM`` loss + ``backward``, ``args.repeats`` times after a warm-up."""
     import torch
     import transformers
-    from jaxppo.models import LMConfig  # config only: the same HF config.json fields (no jax arrays are built)
+
+    # the config only (its HF config.json fields): no jax arrays are built in this process
+    from jaxppo.models import LMConfig
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": args.layers})
     hf = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items() if k not in ("architectures", "dtype")})

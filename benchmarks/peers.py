@@ -87,7 +87,7 @@ def make_batch(seed: int = 0) -> dict[str, np.ndarray]:
     """The fixed batch of every row (module docstring); float arrays are float32, ids int32."""
     s, hp = SHAPES, HPARAMS
     rng = np.random.default_rng(seed)
-    ids = lambda *shape: rng.integers(0, VOCAB - 1, size=shape).astype(np.int32)  # noqa: E731
+    ids = lambda *shape: rng.integers(0, VOCAB - 1, size=shape).astype(np.int32)
     lv = math.log(VOCAB)
     out = {"fwd_ids": ids(s["fwd_batch"], s["fwd_seq"]),
            "dpo_prompt": ids(s["dpo_pairs"], s["dpo_prompt"]), "dpo_chosen": ids(s["dpo_pairs"], s["dpo_response"]),
@@ -131,7 +131,7 @@ def run_one(tool: str, task: str, dtype: str, work: Path, repeats: int, env: dic
            "--repeats", str(repeats), "--out", str(out)]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {**base, "error": f"timed out after {timeout} s"}
     wall = time.perf_counter() - t0
@@ -237,7 +237,7 @@ def main(argv=None) -> dict:
         rows.append({"task": task, "dtype": dtype, "order": order, "tools": recs, "check": check,
                      "speedups": speedups(recs, check)})
     total = time.perf_counter() - t_start
-    res = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    res = {"date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
            "layers": layers, "repeats": repeats, "rope_theta": 1e6, "shapes": SHAPES, "hparams": HPARAMS,
            "loss_tolerance_abs": LOSS_TOL, "total_wall_s": total, "rows": rows}

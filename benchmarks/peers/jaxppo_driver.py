@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 
 def _jax_versions() -> dict:
@@ -66,7 +66,6 @@ def _load(model_dir: Path, dtype: str):
 def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from flax import nnx
 
     if task == "lora":
@@ -98,10 +97,10 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         dhp = DPOHParams(beta=hp["dpo_beta"], loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0,
                          micro_batch_size=spec["shapes"]["dpo_pairs"])
         step = make_dpo_step(graphdef, tx, lambda s: jnp.float32(hp["lr"]), dhp)
-        z = lambda: jnp.zeros((), jnp.int32)  # noqa: E731  (distinct buffers: the state is donated)
+        z = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state is donated
         state = DPOState(step=z(), actor=params, actor_opt=tx.init(params), lr_scale=jnp.ones((), jnp.float32),
                          nan_total=z(), nan_streak=z(), data_cursor=z())
-        ones = lambda x: jnp.ones(x.shape, jnp.int32)  # noqa: E731
+        ones = lambda x: jnp.ones(x.shape, jnp.int32)
         batch = {"prompt_ids": jnp.asarray(b["dpo_prompt"], jnp.int32), "chosen_ids": jnp.asarray(b["dpo_chosen"], jnp.int32),
                  "rejected_ids": jnp.asarray(b["dpo_rejected"], jnp.int32),
                  "ref_chosen": jnp.asarray(b["dpo_ref_chosen"]), "ref_rejected": jnp.asarray(b["dpo_ref_rejected"])}
@@ -128,12 +127,20 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxppo import ops
     from jaxppo.trainer.batch import BufferItem, Prepared, Trajectories
-    from jaxppo.trainer.hparams import (PFHP, ActorHP, AdvantageHP, CriticHP, ImportanceHP, ReplayHP,
-                                        RolloutCorrHP, StepHP)
+    from jaxppo.trainer.hparams import (
+        PFHP,
+        ActorHP,
+        AdvantageHP,
+        CriticHP,
+        ImportanceHP,
+        ReplayHP,
+        RolloutCorrHP,
+        StepHP,
+    )
     from jaxppo.trainer.state import make_critic, split_params
     from jaxppo.trainer.steps import make_phases, make_update, run_epochs
-    from jaxppo import ops
 
     s = spec["shapes"]
     B, R = s["rl_batch"], s["rl_response"]
@@ -197,8 +204,8 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
     losses = {k: float(v) for k, v in update().items()}
     loss = losses["actor"] + losses.get("critic", 0.0)
     parts = {"policy_loss": losses["actor"], **({"value_loss": losses["critic"]} if critic else {})}
-    return loss, parts, update, versions, notes + ["update = trainer.steps make_phases/make_update/run_epochs, "
-                                                   "jitted with donation (no replay sample)"]
+    return loss, parts, update, versions, notes + [("update = trainer.steps make_phases/make_update/run_epochs, "
+                                                    "jitted with donation (no replay sample)")]
 
 
 def main(argv=None):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 
 def _tokenizer(vocab: int):
@@ -62,7 +62,7 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
     hp, s = spec["hparams"], spec["shapes"]
     model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
     amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype == "bfloat16" else contextlib.nullcontext
-    T = lambda x: torch.from_numpy(np.asarray(x))  # noqa: E731
+    T = lambda x: torch.from_numpy(np.asarray(x))
 
     if task == "fwdbwd":
         ids = T(b["fwd_ids"]).long()
@@ -111,7 +111,7 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
                               max_completion_length=s["rl_response"])
         trainer = trl.GRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
                                   args=args, train_dataset=ds, processing_class=tok)
-        ones = lambda x: torch.ones_like(x)  # noqa: E731
+        ones = lambda x: torch.ones_like(x)
         pi, ci = T(b["rl_prompt"]).long(), T(b["rl_response"]).long()
         inputs = {"prompt_ids": pi, "prompt_mask": ones(pi), "completion_ids": ci, "completion_mask": ones(ci),
                   "advantages": T(b["grpo_adv"]), "old_per_token_logps": T(b["rl_old_logp"])}

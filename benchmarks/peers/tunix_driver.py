@@ -28,17 +28,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common  # noqa: E402
+import common
 
 
 def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
+    from importlib.metadata import version
+
     import flax
     import jax
     import jax.numpy as jnp
     import optax
     from flax import nnx
-    from importlib.metadata import version
-
     from tunix.models.llama3 import model as llama
     from tunix.models.llama3 import params as llama_params
     from tunix.rl import common as rl_common
@@ -114,11 +114,10 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
     from tunix.rl import algo_core
     from tunix.rl import trainer as rl_trainer
     from tunix.rl.ppo import ppo_learner
-    B, R = s["rl_batch"], s["rl_response"]
     prompt = jnp.asarray(b["rl_prompt"], jnp.int32)
     resp = jnp.asarray(b["rl_response"], jnp.int32)
     ones_p, ones_r = jnp.ones_like(prompt), jnp.ones(resp.shape, jnp.float32)
-    tcfg = lambda: peft_trainer.TrainingConfig(eval_every_n_steps=10 ** 9, max_steps=10 ** 6)  # noqa: E731
+    tcfg = lambda: peft_trainer.TrainingConfig(eval_every_n_steps=10 ** 9, max_steps=10 ** 6)
     actor = rl_trainer.Trainer(model, optimizer(), tcfg(), dict)
     if task == "grpo":
         from tunix.rl.grpo import grpo_learner
