@@ -113,11 +113,10 @@ def measure_torch(args) -> dict:
     import torch
     import transformers
 
-    # the config only (its HF config.json fields): no jax arrays are built in this process
-    from jaxppo.models import LMConfig
     torch.set_num_threads(os.cpu_count() or 1)
-    cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": args.layers})
-    hf = transformers.LlamaConfig(**{k: v for k, v in cfg.to_hf().items() if k not in ("architectures", "dtype")})
+    c = {k: v for k, v in SMOLLM2_135M.items() if k != "rope_theta"}  # jax is never imported in this process
+    hf = transformers.LlamaConfig(**{**c, "num_hidden_layers": args.layers},
+                                  rope_parameters={"rope_type": "default", "rope_theta": SMOLLM2_135M["rope_theta"]})
     torch.manual_seed(0)
     tm = transformers.LlamaForCausalLM(hf).float().train()
     ids = torch.tensor(_batch(args))
