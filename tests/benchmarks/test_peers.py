@@ -100,8 +100,9 @@ CHECKED = ("fwdbwd", "dpo", "grpo")
 
 
 @pytest.fixture(scope="module")
-def jaxppo_losses(work):
-    return {t: _run_driver(sys.executable, "jaxppo", t, work, 0, _env())["loss"] for t in CHECKED}
+def jaxppo_losses():
+    """jaxppo's loss per row, computed on first use (so a skipped peer test runs no driver)."""
+    return {}
 
 
 @pytest.mark.parametrize("tool", ["tunix", "trl"])
@@ -111,6 +112,8 @@ def test_peer_losses_match_jaxppo(work, tool, jaxppo_losses):
     if not py.exists():
         pytest.skip(f"{tool} venv missing ({py}): run `bash benchmarks/peers/setup.sh {tool}`")
     for task in CHECKED:
+        if task not in jaxppo_losses:
+            jaxppo_losses[task] = _run_driver(sys.executable, "jaxppo", task, work, 0, _env())["loss"]
         ours = {"loss": jaxppo_losses[task]}
         theirs = _run_driver(str(py), tool, task, work, 0, _env())
         assert theirs["loss"] is not None and np.isfinite(theirs["loss"]), (task, theirs)
