@@ -33,7 +33,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from jaxppo.trainer.state import TrainState, param_finite
+from jaxppo.optim import param_finite
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -58,7 +58,7 @@ class Restored:
     damaged checkpoints moved aside on the way, as ``(step, new_path, reason)``."""
 
     step: int | None
-    state: TrainState | None = None
+    state: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
     damaged: list[tuple[int, Path, str]] = field(default_factory=list)
 
@@ -132,7 +132,7 @@ class Checkpointer:
             return {}
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, state: TrainState, meta: dict[str, Any], *, verified: bool = False) -> bool:
+    def save(self, step: int, state: Any, meta: dict[str, Any], *, verified: bool = False) -> bool:
         """Write ``state`` at ``step``; returns False (nothing written) when a parameter is non-finite."""
         if not param_finite(state):
             logger.warning("step %d: not saving a checkpoint, the parameters contain NaN/inf", step)
@@ -164,7 +164,7 @@ class Checkpointer:
                 self._verified.discard(s)
 
     # ------------------------------------------------------------------ restore
-    def _classify(self, step: int, like: TrainState, err: BaseException) -> CheckpointError:
+    def _classify(self, step: int, like: Any, err: BaseException) -> CheckpointError:
         """Why ``step`` did not restore: the stored tree's paths (``state/_METADATA``, plain JSON) or the shapes
         and dtypes of its readable arrays differ from ``like`` -> mismatch; otherwise -> damaged."""
         where = f"checkpoint step {step} in {self.directory}"
@@ -195,7 +195,7 @@ class Checkpointer:
         return CheckpointDamagedError(f"{where} is damaged (its files cannot be read: {type(err).__name__}: "
                                       f"{str(err)[:300]})")
 
-    def restore(self, step: int, like: TrainState) -> tuple[TrainState, dict[str, Any]]:
+    def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """The state saved at ``step``, with the structure, dtypes and shardings of ``like``.
 
         Raises ``CheckpointMismatchError`` (stored paths/shapes/dtypes differ from ``like``) or
@@ -227,7 +227,7 @@ class Checkpointer:
         self._verified.discard(int(step))
         return dst
 
-    def restore_newest(self, like: TrainState, *, verified_only: bool = False,
+    def restore_newest(self, like: Any, *, verified_only: bool = False,
                        on_damaged: Callable[[int, Path, str], None] | None = None) -> Restored:
         """Restore the newest (``verified_only``: newest verified) checkpoint that can be read.
 

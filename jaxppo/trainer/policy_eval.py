@@ -64,8 +64,13 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     from jaxppo.models.eos import eos_ids
     from jaxppo.parallel import make_mesh, merged_rules
     from jaxppo.rewards import reward_fn_from_config
-    from jaxppo.trainer.evaluation import compare, heldout_eval, heldout_perplexity, write_eval_samples
-    from jaxppo.trainer.setup import split_data
+    from jaxppo.trainer.evaluation import (
+        compare,
+        heldout_eval,
+        heldout_perplexity,
+        write_eval_samples,
+    )
+    from jaxppo.trainer.ppo.setup import split_data
 
     t0 = time.perf_counter()
     out = Path(cfg.trainer.output_dir)

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxppo import ops
-from jaxppo.trainer.prepare import sequence_priority
+from jaxppo.trainer.ppo.prepare import sequence_priority
 from tests.ops import reference as ref
 from tests.ops._data import random_inputs
 

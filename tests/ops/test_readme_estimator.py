@@ -47,7 +47,7 @@ def test_readme_estimator_registers_and_computes(registered, jit):
 
 def test_readme_estimator_is_selectable_from_config(registered, shared_dir):
     from jaxppo.config import load_config
-    from jaxppo.trainer.hparams import step_hparams
+    from jaxppo.trainer.ppo.hparams import step_hparams
 
     cfg = load_config(str(README.parent / "configs" / "smoke.yaml"), [f"algorithm.adv_estimator={NAME}"])
     assert cfg.algorithm.adv_estimator == NAME

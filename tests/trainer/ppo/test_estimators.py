@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxppo.trainer.setup import build_run
+from jaxppo.trainer.ppo.setup import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -77,8 +77,8 @@ def test_critic_free_estimator_trains_without_a_critic(make_cfg, tmp_path, estim
 
 def _mean_logp(run, params, rows):
     """Per-row mean response log-prob of the training rows ``rows`` under ``params``."""
-    from jaxppo.trainer.batch import Tokens
-    from jaxppo.trainer.forward import logp_entropy, response_logits
+    from jaxppo.trainer.ppo.batch import Tokens
+    from jaxppo.trainer.ppo.forward import logp_entropy, response_logits
 
     tok = Tokens(**{k: jnp.asarray(run.train[k][rows]) for k in ("prompt_ids", "prompt_mask", "response_ids",
                                                                   "response_mask")})
@@ -126,7 +126,7 @@ def test_staleness_decay_in_the_step(make_cfg, monkeypatch):
     priorities, tree, parameters and metrics); decay.kind=sampled (rate 0.5): after one step every drawn item's
     sampling probability fell, its leaf is ``f·(p+ε)^α · 0.5^n`` with ``n`` its draw count, undrawn ones kept."""
     from jaxppo import replay as replay_lib
-    from jaxppo.trainer import steps as steps_mod
+    from jaxppo.trainer.ppo import steps as steps_mod
 
     cfg = make_cfg("critic.ppo_epochs=1")
     run = build_run(cfg, devices=jax.devices()[:1])
@@ -179,7 +179,7 @@ def test_pf_filter_dynamic_sampling_hand_case():
     """Groups 1 (scores 1, 1) and 3 (0.5, 0.5, 0.5) are constant, group 2 is not, group 4 has one row (kept,
     as DAPO): weights [0 0 1 1 0 0 0 1], 2 dropped groups; the filter off gives all 1 and 0 dropped."""
     from jaxppo.config import load_config
-    from jaxppo.trainer.prepare import pf_filter
+    from jaxppo.trainer.ppo.prepare import pf_filter
 
     score = np.array([1.0, 1.0, 0.2, 0.9, 0.5, 0.5, 0.5, 0.3], np.float32)
     gid = np.array([1, 1, 2, 2, 3, 3, 3, 4])

@@ -2,7 +2,7 @@
 
 ``build_run(cfg)`` returns a :class:`Run` whose ``state`` is the initial ``TrainState`` (placed on the
 mesh) and whose ``prepare`` / ``step`` are the jitted prepare and update functions. The loop
-(``jaxppo.trainer.loop``) drives it; tests use it directly.
+(``jaxppo.trainer.ppo.loop``) drives it; tests use it directly.
 """
 
 from __future__ import annotations
@@ -20,13 +20,26 @@ from flax import nnx
 
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
-from jaxppo.trainer.batch import (TRAJECTORY_DTYPES, BufferItem, Trajectories, example_item, trajectories_from_arrays,
-                                  zero_prepared)
-from jaxppo.trainer.hparams import StepHP, step_hparams
-from jaxppo.trainer.prepare import make_prepare_fn, pf_filter
-from jaxppo.trainer.state import (TrainState, init_optimizer, make_critic, make_optimizer, replicate_leaves,
-                                  shardings_of, split_params)
-from jaxppo.trainer.steps import make_train_step
+from jaxppo.optim import (
+    init_optimizer,
+    make_optimizer,
+    replicate_leaves,
+    shardings_of,
+    split_params,
+)
+from jaxppo.trainer.micro import check_mesh
+from jaxppo.trainer.ppo.batch import (
+    TRAJECTORY_DTYPES,
+    BufferItem,
+    Trajectories,
+    example_item,
+    trajectories_from_arrays,
+    zero_prepared,
+)
+from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
+from jaxppo.trainer.ppo.prepare import make_prepare_fn, pf_filter
+from jaxppo.trainer.ppo.state import TrainState, make_critic
+from jaxppo.trainer.ppo.steps import make_train_step
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -63,21 +76,6 @@ class Run:
 
     def reference(self) -> nnx.Module:
         return nnx.merge(self.actor_gd, self.ref_params)
-
-
-def check_mesh(mesh_cfg: Any, n_devices: int, micro_batch: int, micro_batch_key: str) -> None:
-    """The mesh checks of every trainer (ConfigError naming the key): ``mesh.data x mesh.fsdp x mesh.tensor`` must
-    equal ``n_devices`` and the micro-batch (``micro_batch``, set by ``micro_batch_key``) must be a multiple of the
-    batch shards ``mesh.data x mesh.fsdp``."""
-    m = mesh_cfg
-    n = m.data * m.fsdp * m.tensor
-    if n != n_devices:
-        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
-                          f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
-    shards = m.data * m.fsdp
-    if micro_batch % shards:
-        raise ConfigError(f"{micro_batch_key}={micro_batch} must be a multiple of the mesh batch shards "
-                          f"mesh.data x mesh.fsdp = {shards}")
 
 
 def check_config(cfg: Any, n_devices: int) -> None:
