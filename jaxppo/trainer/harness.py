@@ -22,8 +22,10 @@ harness owns everything else, once:
   checkpoint (the newest readable one when none is verified), the NaN streak zeroed, the step counter, RNG, NaN
   total and LR cut kept; damaged checkpoints met on the way are moved aside and logged (``checkpoint_damaged``);
   then ``Algorithm.after_rollback`` (PPO re-prepares its buffer);
-- the end: the trainer's final summary, ``hf/`` export, ``plots/`` and ``summary.json`` with the data report
-  (rows seen, kept, skipped by reason; also printed).
+- the data: the run's data report (rows seen, kept, skipped by reason) is printed at the start and written into
+  ``summary.json``; a trainer's build calls :func:`check_rows` to stop on fewer usable rows than one minibatch or
+  no held-out prompt while ``data.eval_fraction > 0``;
+- the end: the trainer's final summary, ``hf/`` export, ``plots/`` and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -115,6 +117,41 @@ class Algorithm:
         return []
 
 
+def report_counts(report: Any) -> str:
+    """``kept K of N rows; skipped S (reason n, ...)``: the data report's counts on one line."""
+    if report is None:
+        return "no data report"
+    why = ", ".join(f"{k} {v}" for k, v in sorted(report.skipped.items()))
+    return (f"kept {report.rows_kept} of {report.rows_seen} rows, skipped {report.n_skipped}"
+            + (f" ({why})" if why else ""))
+
+
+def check_rows(report: Any, n_train: int, n_heldout: int, *, min_train: int, min_train_key: str,
+               eval_fraction: float, unit: str = "rows") -> None:
+    """Stop before training on too little data (``DataError`` with the data report's counts): fewer usable training
+    ``unit`` than one minibatch (``min_train``, set by ``min_train_key``), or no held-out prompt although
+    ``data.eval_fraction > 0`` asks for a held-out evaluation."""
+    from jaxppo.data.report import DataError
+
+    src = f"data {report.source}: " if report is not None and report.source else "data: "
+    if n_train < min_train:
+        raise DataError(f"{src}{n_train} usable training {unit}, fewer than one minibatch ({min_train_key}="
+                        f"{min_train}); {report_counts(report)}")
+    if eval_fraction > 0 and n_heldout == 0:
+        raise DataError(f"{src}data.eval_fraction={eval_fraction} but no held-out prompt remains (every usable row "
+                        f"has the same prompt); {report_counts(report)}; set data.eval_fraction=0 to train without "
+                        "a held-out evaluation")
+
+
+def show_report(report: Any) -> dict[str, Any]:
+    """Print the data report (as ``jaxppo.reward`` does) and return its summary entries: ``data/rows_seen``,
+    ``data/rows_kept``, ``data/rows_skipped``, ``data/skipped/<reason>``, ... and ``data_report`` (the full dict)."""
+    if report is None:
+        return {}
+    report.emit(print)
+    return {**report.flat_metrics(), "data_report": report.to_dict()}
+
+
 def heldout_ppl(algo: Algorithm, params: Any) -> float:
     """Perplexity of the policy ``params`` on ``algo.heldout_sequences()`` (NaN without held-out tokens)."""
     from jaxppo.trainer.evaluation import heldout_perplexity
@@ -188,6 +225,7 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
     # from here on only `state` is threaded, `run` is read-only
     state, ckpt, guards, start, out = rs.state, rs.ckpt, rs.guards, rs.start, rs.out
     try:
+        data_summary = show_report(getattr(rs.run, "report", None))
         algo = algorithm(rs.run, rs)
         have_heldout = algo.heldout_sequences()["prompt_ids"].shape[0] > 0
         if guards.ppl_baseline is None and have_heldout:
@@ -247,7 +285,7 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
         mlog.close()
         ckpt.close()
     timing = dict(setup_s=rs.t_setup, train_s=time.perf_counter() - t_train0, compile_s=compile_s or 0.0,
-                  start_step=start, t_start=rs.t_start)
+                  start_step=start, t_start=rs.t_start, data=data_summary)
     return finish(algo, state, out, timing), state
 
 
@@ -258,6 +296,7 @@ def finish(algo: Algorithm, state: Any, out: Path, timing: dict[str, Any]) -> di
     summary: dict[str, Any] = {"steps": cfg.trainer.total_steps, "resumed_from": timing["start_step"],
                                algo.count_names[0]: int(n_train), algo.count_names[1]: int(n_heldout),
                                "nan_skipped_total": int(state.nan_total), **algo.summary(state, out),
+                               **timing.get("data", {}),
                                "time/setup_s": timing["setup_s"], "time/train_s": timing["train_s"],
                                "time/first_step_s": timing["compile_s"]}
     t0 = time.perf_counter()
@@ -274,4 +313,5 @@ def finish(algo: Algorithm, state: Any, out: Path, timing: dict[str, Any]) -> di
     return summary
 
 
-__all__ = ["Algorithm", "apply_action", "finish", "fit", "heldout_ppl", "restore_fields", "rollback"]
+__all__ = ["Algorithm", "apply_action", "check_rows", "finish", "fit", "heldout_ppl", "report_counts", "restore_fields",
+           "rollback", "show_report"]

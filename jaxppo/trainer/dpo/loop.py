@@ -46,7 +46,7 @@ from jaxppo.trainer.dpo.step import (
     make_dpo_step,
     pair_logps,
 )
-from jaxppo.trainer.harness import Algorithm
+from jaxppo.trainer.harness import Algorithm, check_rows
 from jaxppo.trainer.harness import fit as fit_with
 from jaxppo.trainer.run_dir import RunStart
 
@@ -193,8 +193,8 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         report=report)
     arrays["group_id"] = group
     train_rows, eval_rows = split_pairs(group, cfg.data)
-    if len(train_rows) == 0:
-        raise ConfigError("data: no training pairs left after the by-prompt split; lower data.eval_fraction")
+    check_rows(report, len(train_rows), len(eval_rows), min_train=cfg.dpo.batch_size, min_train_key="dpo.batch_size",
+               eval_fraction=cfg.data.eval_fraction, unit="pairs")
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
     heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
 

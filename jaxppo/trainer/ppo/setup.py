@@ -27,6 +27,7 @@ from jaxppo.optim import (
     shardings_of,
     split_params,
 )
+from jaxppo.trainer.harness import check_rows
 from jaxppo.trainer.micro import check_mesh
 from jaxppo.trainer.ppo.batch import (
     TRAJECTORY_DTYPES,
@@ -61,7 +62,7 @@ class Run:
     heldout: dict[str, np.ndarray]
     n_use: int                   # most dataset rows a buffer window holds (min(rows, replay.capacity))
     capacity: int                # buffer slots (n_use rounded up)
-    data_report: Any = None
+    report: Any = None           # the data report (rows seen, kept, skipped by reason)
     windows: list = dataclasses.field(default_factory=list)  # dataset rows of each buffer window (whole groups)
     hparams: StepHP | None = None
     pf_stats: dict = dataclasses.field(default_factory=dict)  # e.g. {"pf_ppo/dropped_groups": n}
@@ -359,8 +360,8 @@ def build_run(cfg: Any, *, devices=None) -> Run:
                                   remat=cfg.model.remat)
     train, heldout, report = split_data(cfg, tokenizer, reference_path=model_path, reference=actor_model)
     n_rows = int(train["prompt_ids"].shape[0])
-    if n_rows == 0:
-        raise ConfigError("data: no training rows left after the held-out split; lower data.eval_fraction")
+    check_rows(report, n_rows, int(heldout["prompt_ids"].shape[0]), min_train=cfg.actor.ppo_mini_batch_size,
+               min_train_key="actor.ppo_mini_batch_size", eval_fraction=cfg.data.eval_fraction)
     if not np.isfinite(train["score"]).all():
         raise ValueError("data: non-finite scores in the training rows")
     order = group_order(train["group_id"])
@@ -397,7 +398,7 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
                critic_gd=critic_gd, ref_params=ref_params, state=core.state, prepare=core.prepare, step=core.step,
-               train=train, heldout=heldout, n_use=n_use, capacity=capacity, data_report=report, windows=windows,
+               train=train, heldout=heldout, n_use=n_use, capacity=capacity, report=report, windows=windows,
                hparams=hp, pf_stats=pf_stats)
 
 
