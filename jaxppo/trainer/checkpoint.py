@@ -23,6 +23,7 @@ be read (truncated/corrupted data, manifest or metadata) is a ``CheckpointDamage
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -92,6 +93,25 @@ def signature_diff(stored: dict[str, tuple], expected: dict[str, tuple], limit: 
     if len(differ) > limit:
         parts.append(f"... {len(differ) - limit} more")
     return "; ".join(parts)
+
+
+# loggers that report a failed restore again, with tracebacks: Orbax's (absl) warnings about unreadable files, and
+# the "Event loop is closed" errors of its cancelled async reads (concurrent.futures callbacks, asyncio)
+_ORBAX_LOGGERS = ("absl", "concurrent.futures", "asyncio")
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Hold back the records of :data:`_ORBAX_LOGGERS` below CRITICAL while a restore runs."""
+    logs = [logging.getLogger(name) for name in _ORBAX_LOGGERS]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
 
 
 class Checkpointer:
@@ -199,14 +219,16 @@ class Checkpointer:
         """The state saved at ``step``, with the structure, dtypes and shardings of ``like``.
 
         Raises ``CheckpointMismatchError`` (stored paths/shapes/dtypes differ from ``like``) or
-        ``CheckpointDamagedError`` (the files cannot be read)."""
+        ``CheckpointDamagedError`` (the files cannot be read). Orbax's own log records (warnings and tracebacks
+        about the files it cannot read) are held back: the raised error says what happened, once."""
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
-        try:
-            out = self.manager.restore(int(step), args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-            meta = dict(out.meta)
-        except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
-            raise self._classify(int(step), like, e) from e
+        with _quiet_orbax():
+            try:
+                out = self.manager.restore(int(step), args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+                meta = dict(out.meta)
+            except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
+                raise self._classify(int(step), like, e) from e
         # re-materialise as jit outputs: arrays assembled by the restore are not reliably donatable
         shardings = jax.tree.map(lambda x: x.sharding, like)
         state = jax.jit(lambda t: jax.tree.map(lambda x: x.copy(), t), out_shardings=shardings)(out.state)
@@ -245,7 +267,8 @@ class Checkpointer:
                 state, meta = self.restore(step, like)
             except CheckpointDamagedError as e:
                 moved = self.move_aside(step)
-                logger.warning("%s; moved it to %s and trying an older checkpoint", e, moved)
+                # the caller reports it (``on_damaged`` / ``Restored.damaged``: the trainers log one warning event)
+                logger.info("%s; moved it to %s and trying an older checkpoint", e, moved)
                 result.damaged.append((step, moved, str(e)))
                 if on_damaged is not None:
                     on_damaged(step, moved, str(e))

@@ -261,7 +261,7 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
             metrics["perf/step_time_s"] = dt
             metrics["perf/throughput"] = algo.tokens_per_step / max(dt, 1e-9)
             actions = guards.check_nan(step_no, nan_streak, nan_total)
-            ppl_checked = have_heldout and step_no % cfg.guards.ppl_every == 0
+            ppl_checked = have_heldout and guards.should_check_perplexity(step_no)
             if ppl_checked:
                 metrics["eval/perplexity"] = heldout_ppl(algo, state.actor)
                 actions += guards.check_perplexity(step_no, metrics["eval/perplexity"])

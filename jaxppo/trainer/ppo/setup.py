@@ -29,6 +29,7 @@ from jaxppo.optim import (
 )
 from jaxppo.trainer.harness import check_rows
 from jaxppo.trainer.micro import check_mesh
+from jaxppo.trainer.policy_eval import split_data
 from jaxppo.trainer.ppo.batch import (
     TRAJECTORY_DTYPES,
     BufferItem,
@@ -37,7 +38,7 @@ from jaxppo.trainer.ppo.batch import (
     trajectories_from_arrays,
     zero_prepared,
 )
-from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
+from jaxppo.trainer.ppo.hparams import step_hparams
 from jaxppo.trainer.ppo.prepare import make_prepare_fn, pf_filter
 from jaxppo.trainer.ppo.state import TrainState, make_critic
 from jaxppo.trainer.ppo.steps import make_train_step
@@ -64,7 +65,6 @@ class Run:
     capacity: int                # buffer slots (n_use rounded up)
     report: Any = None           # the data report (rows seen, kept, skipped by reason)
     windows: list = dataclasses.field(default_factory=list)  # dataset rows of each buffer window (whole groups)
-    hparams: StepHP | None = None
     pf_stats: dict = dataclasses.field(default_factory=dict)  # e.g. {"pf_ppo/dropped_groups": n}
 
     @property
@@ -166,22 +166,6 @@ def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarr
     pad_gid = low - 1 - np.arange(len(rows))
     return data.replace(filter_w=np.where(valid, data.filter_w, 0.0).astype(TRAJECTORY_DTYPES["filter_w"]),
                         group_id=np.where(valid, data.group_id, pad_gid).astype(TRAJECTORY_DTYPES["group_id"]))
-
-
-def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
-               reference: nnx.Module | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Any]:
-    """``(train, heldout, report)``: the rows of ``cfg.data`` tokenized and split by prompt group with
-    ``split_by_group(group_id, data.eval_fraction, data.seed)`` — the split of every run (training and
-    ``jaxppo.evaluate``). With a reference (path and model) the rows without logged behaviour log-probs get
-    them from it (training needs them); without, they stay 0 — the rows and the split do not depend on it.
-    """
-    from jaxppo.data import load_scored_arrays, split_by_group
-
-    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=reference_path, reference=reference)
-    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
-    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
-    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
-    return train, heldout, report
 
 
 def buffer_layout(cfg: Any, n_rows: int, mesh) -> tuple[int, int, int]:
@@ -399,7 +383,7 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
                critic_gd=critic_gd, ref_params=ref_params, state=core.state, prepare=core.prepare, step=core.step,
                train=train, heldout=heldout, n_use=n_use, capacity=capacity, report=report, windows=windows,
-               hparams=hp, pf_stats=pf_stats)
+               pf_stats=pf_stats)
 
 
 def load_window(run: Run, state: TrainState, refresh_index: int) -> TrainState:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxppo.trainer.ppo.hparams import step_hparams
 from jaxppo.trainer.ppo.setup import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -42,7 +43,7 @@ def test_critic_free_estimator_trains_without_a_critic(make_cfg, tmp_path, estim
     run = build_run(make_cfg(f"algorithm.adv_estimator={estimator}"), devices=jax.devices()[:1])
     assert run.state.critic is None and run.state.critic_opt is None and run.critic_gd is None
     assert run.state.replay.storage.prepared.values is None
-    assert run.hparams.replay.priority == "abs_advantage"
+    assert step_hparams(run.cfg).replay.priority == "abs_advantage"
     state = run.prepare(run.state)
     st = jax.device_get(state.replay.storage)
     d, adv = st.data, st.prepared.advantages
