@@ -100,6 +100,28 @@ def signature_diff(stored: dict[str, tuple], expected: dict[str, tuple], limit: 
 _ORBAX_LOGGERS = ("absl", "concurrent.futures", "asyncio")
 
 
+def _closed_loop_error(err: BaseException | None) -> bool:
+    return isinstance(err, RuntimeError) and "Event loop is closed" in str(err)
+
+
+def _hold_back_closed_loop_errors() -> None:
+    """After a failed restore, Orbax's cancelled reads complete on a closed event loop and each
+    ``RuntimeError('Event loop is closed')`` reaches ``sys.unraisablehook`` (a bare traceback on stderr, later than
+    the restore call). Wrap the hook once so exactly those are dropped; everything else reaches the previous hook."""
+    import sys
+
+    if getattr(sys.unraisablehook, "_jaxppo_closed_loop", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _closed_loop_error(unraisable.exc_value):
+            previous(unraisable)
+
+    hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 @contextlib.contextmanager
 def _quiet_orbax():
     """Hold back the records of :data:`_ORBAX_LOGGERS` below CRITICAL while a restore runs."""
@@ -228,6 +250,7 @@ class Checkpointer:
                     state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
                 meta = dict(out.meta)
             except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
+                _hold_back_closed_loop_errors()
                 raise self._classify(int(step), like, e) from e
         # re-materialise as jit outputs: arrays assembled by the restore are not reliably donatable
         shardings = jax.tree.map(lambda x: x.sharding, like)

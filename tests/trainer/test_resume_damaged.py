@@ -101,3 +101,24 @@ def test_cli_missing_model_path_is_one_line(tmp_path, stories_model, scored_data
     assert len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith("python -m jaxppo.train: error: FileNotFoundError") and str(missing) in lines[0]
     assert "Traceback" not in r.stderr
+
+
+def test_cli_resume_over_a_damaged_checkpoint_prints_one_warning_line(tmp_path, stories_model, scored_data,
+                                                                      compile_cache):
+    """The fallback handles a damaged newest checkpoint with ONE warning line on stderr (Orbax's own warnings and
+    tracebacks about the unreadable files are held back)."""
+    out = tmp_path / "out"
+    args = (*overrides_for_cli(stories_model, scored_data, out), "data.eval_fraction=0", "trainer.total_steps=4",
+            "trainer.save_every=2")
+    first = _train_cli(tmp_path, compile_cache, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for p in (out / "checkpoints" / "4" / "state" / "d").iterdir():
+        if p.is_file():
+            with open(p, "r+b") as fh:
+                fh.truncate(p.stat().st_size // 2)
+    again = _train_cli(tmp_path, compile_cache, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Traceback" not in again.stderr, again.stderr[-3000:]
+    damaged = [ln for ln in again.stderr.splitlines() if "damaged" in ln and not ln.startswith("INFO")]
+    assert len(damaged) == 1 and "checkpoint step 4" in damaged[0], again.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == 2
