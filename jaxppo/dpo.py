@@ -3,7 +3,7 @@
 The DPO family of ``jaxppo.ops.dpo_loss`` (``dpo.loss_type``: sigmoid, hinge, ipo, robust, sigmoid_norm; ``dpo.beta``,
 ``dpo.label_smoothing``, ``dpo.rpo_alpha``) trained on the pairs of ``data.path`` (``data.schema=preference``) with
 the models, mesh, checkpoints, guards, logs and held-out evaluation of the PPO trainer; see
-:mod:`jaxppo.trainer.dpo_loop` for what is written under ``trainer.output_dir``. Bad input (config values, files,
+:mod:`jaxppo.trainer.dpo.loop` for what is written under ``trainer.output_dir``. Bad input (config values, files,
 data, unusable checkpoints) exits with status 2 and one line.
 """
 
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def work() -> dict[str, Any]:
         setup_logging(cfg.trainer.output_dir, "dpo.log")
-        from jaxppo.trainer.dpo_loop import train_dpo
+        from jaxppo.trainer.dpo.loop import train_dpo
 
         return train_dpo(cfg)
 

@@ -2,7 +2,7 @@
 
 Compares a policy with the reference ``model.path`` on the held-out prompts of the config's dataset:
 
-- the held-out rows are those of training (``jaxppo.trainer.setup.split_data``: same ``data.*`` config
+- the held-out rows are those of training (``jaxppo.trainer.policy_eval.split_data``: same ``data.*`` config
   and ``data.seed`` → same held-out prompt groups); one prompt per held-out group (its first row), at
   most ``trainer.eval_prompts`` — the prompts of the trainer's final evaluation;
 - ``--policy PATH``: a Hugging Face folder (the trainer's export ``<run>/hf``) or ``.gguf`` file; default

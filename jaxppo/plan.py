@@ -68,7 +68,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
 
     from jaxppo.config import ConfigError
     from jaxppo.parallel import make_mesh, merged_rules
-    from jaxppo.trainer.setup import abstract_core, check_config
+    from jaxppo.trainer.ppo.setup import abstract_core, check_config
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))

@@ -3,7 +3,7 @@
 Writes the distinct prompts of a preference config's pairs (``data.schema=preference``, e.g.
 ``configs/dpo_hh_stories260k.yaml``) on one side of its by-prompt split, one ``{"prompt": ...}`` object a line in
 file order: the ``rollout.prompts`` file of a collection that must not sample evaluation prompts. The split is
-DPO's own (``jaxppo.trainer.dpo_loop.split_pairs``: ``data.eval_fraction``, ``data.seed``), which the reward model
+DPO's own (``jaxppo.trainer.dpo.loop.split_pairs``: ``data.eval_fraction``, ``data.seed``), which the reward model
 and ``configs/hh_offline_stories260k.yaml`` share, so ``--side train`` keeps every prompt those runs hold out out of
 the collected data. Prints the counts; bad input exits with status 2 and one line.
 """
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"data.schema must be 'preference' (pairs split by prompt), got {cfg.data.schema!r}")
         from jaxppo.hf import load_tokenizer
         from jaxppo.hf.paths import tokenizer_path
-        from jaxppo.trainer.dpo_loop import pair_prompts
+        from jaxppo.trainer.dpo.loop import pair_prompts
 
         train, heldout, n_unsplit = pair_prompts(cfg, load_tokenizer(tokenizer_path(cfg.model)))
         keep = train if args.side == "train" else heldout

@@ -1,4 +1,4 @@
-"""``python -m jaxppo.train --config FILE [dotted.key=value ...]``: offline PPO (see ``jaxppo.trainer.loop``).
+"""``python -m jaxppo.train --config FILE [dotted.key=value ...]``: offline PPO (see ``jaxppo.trainer.ppo.loop``).
 
 Bad input — a config error, a missing ``model.path``, an unreadable dataset or hub name, a checkpoint
 written by another run or damaged beyond recovery — is one line on stderr and exit status 2.
@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, cfg = parse_config_args(PROG, "Offline PPO with importance sampling and prioritized replay.", argv)
     setup_logging(cfg.trainer.output_dir, "train.log")
     from jaxppo.trainer.checkpoint import CheckpointError
-    from jaxppo.trainer.loop import train
+    from jaxppo.trainer.ppo.loop import train
 
     def report(summary: dict) -> None:
         keys = ("eval/reward_before", "eval/reward_after", "eval/reward_gain_ci95", "eval/kl", "time/total_s")

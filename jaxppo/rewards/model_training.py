@@ -62,31 +62,38 @@ def pair_scores(model: Callable, batch: dict[str, jax.Array]) -> tuple[jax.Array
     return r[:b], r[b:]
 
 
-def make_optimizer(reward_cfg: Any, total_steps: int) -> optax.GradientTransformation:
-    """AdamW (``reward.lr``, ``reward.weight_decay``) after global-norm clipping (``reward.grad_clip``);
-    linear warmup over ``reward.warmup_steps`` then constant or cosine decay to 0."""
+def reward_optim(reward_cfg: Any, total_steps: int) -> Any:
+    """The ``OptimConfig`` of ``reward.*`` for the trainers' optimizer factory (``jaxppo.optim``): AdamW
+    (``reward.lr``, ``reward.weight_decay``, default betas/eps) after global-norm clipping (``reward.grad_clip``),
+    linear warmup over ``reward.warmup_steps`` (at most ``total_steps - 1``) then constant, or cosine decay to 0 at
+    ``total_steps``."""
+    from jaxppo.config.schema import OptimConfig
+
     warm = min(reward_cfg.warmup_steps, max(total_steps - 1, 0))
-    if reward_cfg.schedule == "cosine":
-        sched = optax.warmup_cosine_decay_schedule(0.0 if warm else reward_cfg.lr, reward_cfg.lr, warm,
-                                                   max(total_steps, warm + 1), end_value=0.0)
-    elif warm:
-        sched = optax.join_schedules([optax.linear_schedule(0.0, reward_cfg.lr, warm),
-                                      optax.constant_schedule(reward_cfg.lr)], [warm])
-    else:
-        sched = optax.constant_schedule(reward_cfg.lr)
-    return optax.chain(optax.clip_by_global_norm(reward_cfg.grad_clip),
-                       optax.adamw(sched, weight_decay=reward_cfg.weight_decay))
+    return OptimConfig(lr=reward_cfg.lr, weight_decay=reward_cfg.weight_decay, warmup_steps=warm,
+                       schedule=reward_cfg.schedule, min_lr_ratio=0.0, grad_clip=reward_cfg.grad_clip)
 
 
-def make_train_step(graphdef: Any, tx: optax.GradientTransformation):
-    """Jitted ``(params, opt_state, batch) -> (params, opt_state, metrics)`` (params/opt_state donated)."""
+def make_optimizer(reward_cfg: Any, total_steps: int) -> optax.GradientTransformation:
+    """``jaxppo.optim.make_optimizer`` of :func:`reward_optim` (its learning rate is set per step by the
+    train step of :func:`make_train_step`)."""
+    from jaxppo.optim import make_optimizer as shared_optimizer
+
+    return shared_optimizer(reward_optim(reward_cfg, total_steps), total_steps)
+
+
+def make_train_step(graphdef: Any, tx: optax.GradientTransformation, schedule: optax.Schedule):
+    """Jitted ``(params, opt_state, batch, step) -> (params, opt_state, metrics)`` (params/opt_state donated); the
+    update's learning rate is ``schedule(step)`` (``jaxppo.optim.lr_schedule``, 0-based step)."""
+    from jaxppo.optim import set_learning_rate
 
     def loss_fn(params, batch):
         rc, rj = pair_scores(nnx.merge(graphdef, params), batch)
         return bradley_terry_loss(rc, rj, batch["weight"])
 
-    def step(params, opt_state, batch):
+    def step(params, opt_state, batch, i):
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        opt_state = set_learning_rate(opt_state, schedule(i))
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.global_norm(grads)
@@ -182,9 +189,12 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     graphdef, params = nnx.split(model)
     bs = min(cfg.reward.batch_size, len(train_rows))
     steps_per_epoch = -(-len(train_rows) // bs)
-    tx = make_optimizer(cfg.reward, steps_per_epoch * cfg.reward.epochs)
+    from jaxppo.optim import lr_schedule
+
+    total_steps = steps_per_epoch * cfg.reward.epochs
+    tx = make_optimizer(cfg.reward, total_steps)
     opt_state = tx.init(params)
-    step = make_train_step(graphdef, tx)
+    step = make_train_step(graphdef, tx, lr_schedule(reward_optim(cfg.reward, total_steps), total_steps))
     ev_bs = cfg.reward.eval_batch_size
     eval_step = make_eval_step(graphdef)
 
@@ -197,7 +207,7 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
         order = rng.permutation(train_rows)
         ep = {"loss": 0.0, "accuracy": 0.0}
         for batch in iterate_batches(arrays, order, bs):
-            params, opt_state, m = step(params, opt_state, batch)
+            params, opt_state, m = step(params, opt_state, batch, np.int32(n_steps))
             n_steps += 1
             w = float(batch["weight"].sum())
             ep["loss"] += float(m["loss"]) * w

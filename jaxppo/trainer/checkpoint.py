@@ -23,6 +23,7 @@ be read (truncated/corrupted data, manifest or metadata) is a ``CheckpointDamage
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -33,7 +34,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from jaxppo.trainer.state import TrainState, param_finite
+from jaxppo.optim import param_finite
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -58,7 +59,7 @@ class Restored:
     damaged checkpoints moved aside on the way, as ``(step, new_path, reason)``."""
 
     step: int | None
-    state: TrainState | None = None
+    state: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
     damaged: list[tuple[int, Path, str]] = field(default_factory=list)
 
@@ -92,6 +93,47 @@ def signature_diff(stored: dict[str, tuple], expected: dict[str, tuple], limit: 
     if len(differ) > limit:
         parts.append(f"... {len(differ) - limit} more")
     return "; ".join(parts)
+
+
+# loggers that report a failed restore again, with tracebacks: Orbax's (absl) warnings about unreadable files, and
+# the "Event loop is closed" errors of its cancelled async reads (concurrent.futures callbacks, asyncio)
+_ORBAX_LOGGERS = ("absl", "concurrent.futures", "asyncio")
+
+
+def _closed_loop_error(err: BaseException | None) -> bool:
+    return isinstance(err, RuntimeError) and "Event loop is closed" in str(err)
+
+
+def _hold_back_closed_loop_errors() -> None:
+    """After a failed restore, Orbax's cancelled reads complete on a closed event loop and each
+    ``RuntimeError('Event loop is closed')`` reaches ``sys.unraisablehook`` (a bare traceback on stderr, later than
+    the restore call). Wrap the hook once so exactly those are dropped; everything else reaches the previous hook."""
+    import sys
+
+    if getattr(sys.unraisablehook, "_jaxppo_closed_loop", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _closed_loop_error(unraisable.exc_value):
+            previous(unraisable)
+
+    hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Hold back the records of :data:`_ORBAX_LOGGERS` below CRITICAL while a restore runs."""
+    logs = [logging.getLogger(name) for name in _ORBAX_LOGGERS]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
 
 
 class Checkpointer:
@@ -132,7 +174,7 @@ class Checkpointer:
             return {}
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, state: TrainState, meta: dict[str, Any], *, verified: bool = False) -> bool:
+    def save(self, step: int, state: Any, meta: dict[str, Any], *, verified: bool = False) -> bool:
         """Write ``state`` at ``step``; returns False (nothing written) when a parameter is non-finite."""
         if not param_finite(state):
             logger.warning("step %d: not saving a checkpoint, the parameters contain NaN/inf", step)
@@ -164,7 +206,7 @@ class Checkpointer:
                 self._verified.discard(s)
 
     # ------------------------------------------------------------------ restore
-    def _classify(self, step: int, like: TrainState, err: BaseException) -> CheckpointError:
+    def _classify(self, step: int, like: Any, err: BaseException) -> CheckpointError:
         """Why ``step`` did not restore: the stored tree's paths (``state/_METADATA``, plain JSON) or the shapes
         and dtypes of its readable arrays differ from ``like`` -> mismatch; otherwise -> damaged."""
         where = f"checkpoint step {step} in {self.directory}"
@@ -195,18 +237,21 @@ class Checkpointer:
         return CheckpointDamagedError(f"{where} is damaged (its files cannot be read: {type(err).__name__}: "
                                       f"{str(err)[:300]})")
 
-    def restore(self, step: int, like: TrainState) -> tuple[TrainState, dict[str, Any]]:
+    def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """The state saved at ``step``, with the structure, dtypes and shardings of ``like``.
 
         Raises ``CheckpointMismatchError`` (stored paths/shapes/dtypes differ from ``like``) or
-        ``CheckpointDamagedError`` (the files cannot be read)."""
+        ``CheckpointDamagedError`` (the files cannot be read). Orbax's own log records (warnings and tracebacks
+        about the files it cannot read) are held back: the raised error says what happened, once."""
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
-        try:
-            out = self.manager.restore(int(step), args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-            meta = dict(out.meta)
-        except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
-            raise self._classify(int(step), like, e) from e
+        with _quiet_orbax():
+            try:
+                out = self.manager.restore(int(step), args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+                meta = dict(out.meta)
+            except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
+                _hold_back_closed_loop_errors()
+                raise self._classify(int(step), like, e) from e
         # re-materialise as jit outputs: arrays assembled by the restore are not reliably donatable
         shardings = jax.tree.map(lambda x: x.sharding, like)
         state = jax.jit(lambda t: jax.tree.map(lambda x: x.copy(), t), out_shardings=shardings)(out.state)
@@ -227,7 +272,7 @@ class Checkpointer:
         self._verified.discard(int(step))
         return dst
 
-    def restore_newest(self, like: TrainState, *, verified_only: bool = False,
+    def restore_newest(self, like: Any, *, verified_only: bool = False,
                        on_damaged: Callable[[int, Path, str], None] | None = None) -> Restored:
         """Restore the newest (``verified_only``: newest verified) checkpoint that can be read.
 
@@ -245,7 +290,8 @@ class Checkpointer:
                 state, meta = self.restore(step, like)
             except CheckpointDamagedError as e:
                 moved = self.move_aside(step)
-                logger.warning("%s; moved it to %s and trying an older checkpoint", e, moved)
+                # the caller reports it (``on_damaged`` / ``Restored.damaged``: the trainers log one warning event)
+                logger.info("%s; moved it to %s and trying an older checkpoint", e, moved)
                 result.damaged.append((step, moved, str(e)))
                 if on_damaged is not None:
                     on_damaged(step, moved, str(e))

@@ -40,7 +40,7 @@ logger = logging.getLogger("jaxppo.trainer")
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-# the sampled offline minibatch's mean score as jaxppo.trainer.steps logs it: with a critic, and critic-free
+# the sampled offline minibatch's mean score as jaxppo.trainer.ppo.steps logs it: with a critic, and critic-free
 DATA_SCORE_KEYS = ("critic/score/mean", "data/score/mean")
 # metrics shown next to the progress bar when present (a run logs one of the data score keys: "score/mean")
 PROGRESS_KEYS = (*DATA_SCORE_KEYS, "actor/pg_loss", "actor/ppo_kl", "critic/vf_loss")

@@ -125,6 +125,8 @@ def figure_specs(rows: list[dict], *, reward_before: float | None = None,
     last = summary.get("steps")
     if _finite(summary.get(HELDOUT_KL)) and isinstance(last, int) and last not in kl:
         kl[last] = float(summary[HELDOUT_KL])
+    if kl and reward is not None and 0 in reward.xs and 0 not in kl:
+        kl[0] = 0.0   # step 0 is the reference: KL(reference || reference) = 0
     if kl:
         panels.append(Panel(f"KL to the reference ({HELDOUT_KL})", [_line("policy", kl)]))
     if panels:

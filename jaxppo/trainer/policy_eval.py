@@ -2,7 +2,7 @@
 doc of :mod:`jaxppo.evaluate` describes the outputs).
 
 ``evaluate(cfg, policy)`` loads the reference ``model.path`` and the policy (a Hugging Face folder or ``.gguf``;
-default the reference itself) on the mesh, takes the held-out rows of training (``setup.split_data``), runs the
+default the reference itself) on the mesh, takes the held-out rows of training (:func:`split_data`), runs the
 trainers' evaluation (:func:`jaxppo.trainer.evaluation.heldout_eval`) on both, the held-out perplexities, and
 :func:`jaxppo.trainer.evaluation.compare` (paired per-prompt bootstrap of the gain); writes ``eval.json`` and
 ``eval_samples.jsonl`` under ``trainer.output_dir``.
@@ -15,9 +15,27 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from jaxppo.config import Config, to_dict
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
+               reference: Any = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Any]:
+    """``(train, heldout, report)``: the rows of ``cfg.data`` tokenized and split by prompt group with
+    ``split_by_group(group_id, data.eval_fraction, data.seed)`` — the split of every run (training and
+    ``jaxppo.evaluate``). With a reference (path and model) the rows without logged behaviour log-probs get
+    them from it (training needs them); without, they stay 0 — the rows and the split do not depend on it.
+    """
+    from jaxppo.data import load_scored_arrays, split_by_group
+
+    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=reference_path, reference=reference)
+    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
+    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
+    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
+    return train, heldout, report
 
 
 def resolve_policy_path(policy: str | None, model_path: str) -> str:
@@ -64,8 +82,12 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     from jaxppo.models.eos import eos_ids
     from jaxppo.parallel import make_mesh, merged_rules
     from jaxppo.rewards import reward_fn_from_config
-    from jaxppo.trainer.evaluation import compare, heldout_eval, heldout_perplexity, write_eval_samples
-    from jaxppo.trainer.setup import split_data
+    from jaxppo.trainer.evaluation import (
+        compare,
+        heldout_eval,
+        heldout_perplexity,
+        write_eval_samples,
+    )
 
     t0 = time.perf_counter()
     out = Path(cfg.trainer.output_dir)

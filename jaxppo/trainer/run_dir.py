@@ -1,4 +1,4 @@
-"""The start of a trainer run, shared by the PPO (``loop.fit``) and DPO (``dpo_loop.fit_dpo``) loops.
+"""The start of a trainer run (the run folder), used by the run harness (``jaxppo.trainer.harness.fit``).
 
 :func:`start_run`: create ``trainer.output_dir`` and write its ``config.json``; build the run (unless one is given)
 and time it (``t_setup``); open the ``Checkpointer`` of ``<output_dir>/checkpoints`` (every ``trainer.save_every``

@@ -1,4 +1,4 @@
-"""Replay priorities: TD error (as the trainer's sequence_priority), |A|, group variance."""
+"""Replay priorities: TD error (as the PPO step writes it), |A|, group variance."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxppo import ops
-from jaxppo.trainer.prepare import sequence_priority
+from jaxppo.trainer.ppo.steps import _td_priority
 from tests.ops import reference as ref
 from tests.ops._data import random_inputs
 
@@ -40,7 +40,7 @@ class PrioritiesTest(chex.TestCase):
         for agg in ("mean", "max"):
             got = self.variant(functools.partial(ops.priority_td_error, agg=agg))(d, m)
             np.testing.assert_allclose(got, ref.priority_agg_abs(d, m, agg), rtol=1e-6)
-            np.testing.assert_allclose(got, sequence_priority(d, m, agg), rtol=1e-6)
+            np.testing.assert_allclose(got, _td_priority(d, np.asarray(m, np.float32), agg), rtol=1e-6)
             got = self.variant(functools.partial(ops.priority_abs_advantage, agg=agg))(d, m)
             np.testing.assert_allclose(got, ref.priority_agg_abs(d, m, agg), rtol=1e-6)
         assert set(ops.PRIORITIES) == {"td_error", "abs_advantage", "group_variance"}

@@ -99,6 +99,50 @@ def _synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+# ----------------------------------------------------------------------------- the optimizer
+
+def _reward_cfg(**kw):
+    return load_config(None, [f"reward.{k}={v}" for k, v in kw.items()]).reward
+
+
+def test_optimizer_is_the_trainers_factory_with_warmup_then_cosine_to_zero():
+    """lr=1, 2 warmup steps, 6 steps: 0, 1/2, then ½(1 + cos(π k / 4)) for k = 0..4 (the trainers' schedule,
+    ``jaxppo.optim.lr_schedule``); the factory's state holds the injected learning rate the step sets."""
+    from jaxppo.optim import learning_rate_of, lr_schedule, set_learning_rate
+    from jaxppo.rewards.model_training import make_optimizer, reward_optim
+
+    rc = _reward_cfg(lr=1.0, warmup_steps=2, schedule="cosine")
+    sched = lr_schedule(reward_optim(rc, 6), 6)
+    want = [0.0, 0.5] + [0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(5)]
+    np.testing.assert_allclose([float(sched(t)) for t in range(7)], want, atol=1e-6)
+    params = {"w": jnp.ones(3)}
+    opt = make_optimizer(rc, 6).init(params)
+    assert float(learning_rate_of(set_learning_rate(opt, sched(3)))) == pytest.approx(want[3], abs=1e-6)
+
+
+@given(lr=st.floats(1e-5, 1.0), warm=st.integers(0, 8), total=st.integers(1, 40),
+       cosine=st.booleans())
+def test_schedule_matches_the_previous_reward_model_schedule(lr, warm, total, cosine):
+    """The shared factory keeps the reward model's schedule: optax's warmup + cosine decay to 0 (or warmup then
+    constant), warmup capped at ``total - 1`` steps."""
+    import optax
+
+    from jaxppo.optim import lr_schedule
+    from jaxppo.rewards.model_training import reward_optim
+
+    rc = _reward_cfg(lr=lr, warmup_steps=warm, schedule="cosine" if cosine else "constant")
+    w = min(warm, max(total - 1, 0))
+    if cosine:
+        old = optax.warmup_cosine_decay_schedule(0.0 if w else lr, lr, w, max(total, w + 1), end_value=0.0)
+    elif w:
+        old = optax.join_schedules([optax.linear_schedule(0.0, lr, w), optax.constant_schedule(lr)], [w])
+    else:
+        old = optax.constant_schedule(lr)
+    new = lr_schedule(reward_optim(rc, total), total)
+    np.testing.assert_allclose([float(new(t)) for t in range(total)], [float(old(t)) for t in range(total)],
+                               rtol=1e-5, atol=1e-7 * lr)
+
+
 @pytest.fixture(scope="module")
 def trained(shared_dir, tmp_path_factory):
     """One short training run shared by the tests below: (config file, output dir, TrainResult)."""

@@ -6,7 +6,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxppo.trainer.batch import TRAJECTORY_DTYPES, BufferItem, Prepared, Trajectories, field_shape
+from jaxppo.trainer.ppo.batch import (
+    TRAJECTORY_DTYPES,
+    BufferItem,
+    Prepared,
+    Trajectories,
+    field_shape,
+)
 
 _PREPARED = tuple(f.name for f in dataclasses.fields(Prepared))
 

@@ -10,9 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxppo.trainer.checkpoint import (CheckpointDamagedError, Checkpointer, CheckpointMismatchError, signature_diff,
-                                       tree_signature)
-from jaxppo.trainer.state import TrainState
+from jaxppo.trainer.checkpoint import (
+    CheckpointDamagedError,
+    Checkpointer,
+    CheckpointMismatchError,
+    signature_diff,
+    tree_signature,
+)
+from jaxppo.trainer.ppo.state import TrainState
 
 
 def _state(w) -> TrainState:

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jaxppo.models import CausalLM, LMConfig
 from jaxppo.trainer.evaluation import bootstrap_ci, evaluate_policy, heldout_perplexity

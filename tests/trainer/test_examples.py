@@ -40,7 +40,7 @@ EXAMPLES = {
 
 
 def _abstract_models(cfg):
-    from jaxppo.trainer.state import make_critic
+    from jaxppo.trainer.ppo.state import make_critic
 
     lm_cfg = LMConfig(**QWEN25_7B, param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
                       remat=cfg.model.remat)
@@ -77,7 +77,7 @@ def _per_device_bytes(state, specs, mesh_shape) -> tuple[int, int]:
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES))
 def test_example_config_shardings_divide_and_fit(path):
-    from jaxppo.trainer.setup import check_config
+    from jaxppo.trainer.ppo.setup import check_config
 
     cfg = load_config(REPO / path)
     n_dev, budget = EXAMPLES[path]

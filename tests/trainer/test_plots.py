@@ -61,7 +61,8 @@ def test_single_run_figures_tell_the_heldout_story(tmp_path):
     [line] = reward.panels[0].lines
     assert line.xs == [0, 8, 16, 24] and line.ys == [0.094, 0.15, 0.2, 0.282]      # from step 0 = reference
     assert line.lo == [None, 0.1, 0.15, 0.2] and line.hi == [None, 0.2, 0.25, 0.35]
-    assert reward.panels[1].lines[0].xs == [8, 16, 24]
+    kl = reward.panels[1].lines[0]
+    assert kl.xs == [0, 8, 16, 24] and kl.ys[0] == 0.0      # the KL line starts at the reference, KL = 0
     data = _spec(specs, "data")
     assert data.title == DATA_TITLE == "offline minibatch score (data, not the policy)"
     assert data.panels[0].lines[0].ys[0] == 0.49 and len(data.panels[0].lines[0].xs) == 24
@@ -136,3 +137,15 @@ def test_critic_free_run_plots_its_data_score(tmp_path):
     [panel] = data.panels
     assert panel.title == "data/score/mean"
     assert (panel.lines[0].xs, panel.lines[0].ys) == ([1, 3], [0.25, 0.75])   # the non-finite step left out
+
+
+def test_kl_panel_starts_at_zero_with_the_reference():
+    """Without a step-0 evaluation row the reward line still starts at the reference (``eval/reward_before``) and
+    the KL line starts there too, at KL(reference || reference) = 0."""
+    rows = [{"step": 4, "critic/score/mean": 0.3}]
+    summary = {"steps": 10, "eval/reward_before": 0.1, "eval/reward_after": 0.3, "eval/kl": 0.05}
+    panels = _spec(figure_specs(rows, summary=summary), "reward").panels
+    assert panels[0].lines[0].xs == [0, 10]
+    kl = panels[1].lines[0]
+    assert kl.xs == [0, 10] and kl.ys == [0.0, 0.05]
+

@@ -26,8 +26,8 @@ def _deterministic(row: dict) -> dict:
 
 
 def test_resume_skips_a_damaged_newest_checkpoint(make_cfg, tmp_path):
-    from jaxppo.trainer.loop import train
-    from jaxppo.trainer.setup import build_run
+    from jaxppo.trainer.ppo.loop import train
+    from jaxppo.trainer.ppo.setup import build_run
 
     cfg = make_cfg("data.eval_fraction=0", "trainer.total_steps=12", "trainer.save_every=4", "trainer.keep_last=3")
     train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
@@ -69,8 +69,8 @@ def test_resume_from_the_step0_checkpoint(make_cfg, tmp_path):
     StepAlreadyExistsError: the loop saved step 0 again) and then does exactly what an uninterrupted run does."""
     import shutil
 
-    from jaxppo.trainer.loop import train
-    from jaxppo.trainer.setup import build_run
+    from jaxppo.trainer.ppo.loop import train
+    from jaxppo.trainer.ppo.setup import build_run
 
     cfg = make_cfg("data.eval_fraction=0", "trainer.total_steps=4", "trainer.save_every=4", "trainer.keep_last=3")
     train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
@@ -101,3 +101,24 @@ def test_cli_missing_model_path_is_one_line(tmp_path, stories_model, scored_data
     assert len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith("python -m jaxppo.train: error: FileNotFoundError") and str(missing) in lines[0]
     assert "Traceback" not in r.stderr
+
+
+def test_cli_resume_over_a_damaged_checkpoint_prints_one_warning_line(tmp_path, stories_model, scored_data,
+                                                                      compile_cache):
+    """The fallback handles a damaged newest checkpoint with ONE warning line on stderr (Orbax's own warnings and
+    tracebacks about the unreadable files are held back)."""
+    out = tmp_path / "out"
+    args = (*overrides_for_cli(stories_model, scored_data, out), "data.eval_fraction=0", "trainer.total_steps=4",
+            "trainer.save_every=2")
+    first = _train_cli(tmp_path, compile_cache, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for p in (out / "checkpoints" / "4" / "state" / "d").iterdir():
+        if p.is_file():
+            with open(p, "r+b") as fh:
+                fh.truncate(p.stat().st_size // 2)
+    again = _train_cli(tmp_path, compile_cache, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Traceback" not in again.stderr, again.stderr[-3000:]
+    damaged = [ln for ln in again.stderr.splitlines() if "damaged" in ln and not ln.startswith("INFO")]
+    assert len(damaged) == 1 and "checkpoint step 4" in damaged[0], again.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == 2

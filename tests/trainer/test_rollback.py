@@ -23,15 +23,16 @@ def _steps(ckpt_dir: Path) -> list[int]:
 
 
 def test_rollback_restores_newest_verified_checkpoint_and_its_data_cursor(make_cfg, tmp_path, monkeypatch):
-    from jaxppo.trainer import loop
+    from jaxppo.trainer import harness
     from jaxppo.trainer.checkpoint import Checkpointer
-    from jaxppo.trainer.setup import build_run
+    from jaxppo.trainer.ppo import loop
+    from jaxppo.trainer.ppo.setup import build_run
 
     # 120 training rows, a 32-row buffer window reloaded every 5 steps: the data cursor moves (0, 32, 64)
     cfg = make_cfg("trainer.save_every=2", "guards.ppl_every=6", "trainer.keep_last=2", "trainer.total_steps=12",
                    "replay.capacity=32", "replay.refresh_every=5")
     ppl_values = iter([10.0, 10.0, 1000.0])   # baseline (step 0), step 6 passes, step 12 fails -> rollback
-    monkeypatch.setattr(loop, "_ppl", lambda run, params: next(ppl_values))
+    monkeypatch.setattr(harness, "heldout_ppl", lambda algo, params: next(ppl_values))
     run = build_run(cfg, devices=jax.devices()[:1])
     assert run.n_use == 32 and run.train["prompt_ids"].shape[0] > 64
     _, final = loop.fit(cfg, run=run)
@@ -58,8 +59,8 @@ def test_rollback_restores_newest_verified_checkpoint_and_its_data_cursor(make_c
 
 
 def test_length_guard_fires_on_policy_generations_not_on_data(make_cfg, tmp_path, monkeypatch):
-    from jaxppo.trainer import loop
-    from jaxppo.trainer.setup import build_run
+    from jaxppo.trainer.ppo import loop
+    from jaxppo.trainer.ppo.setup import build_run
 
     cfg = make_cfg("trainer.eval_every=1", "trainer.total_steps=4", "trainer.save_every=100")
     policy_lengths = iter([4.0, 4.0, 4.0, 4.0, 9.0])   # step 0 (the reference), 1..4: doubles at step 4
@@ -96,8 +97,8 @@ def test_length_guard_fires_on_policy_generations_not_on_data(make_cfg, tmp_path
 
 def test_length_probe_feeds_the_guard(make_cfg, tmp_path):
     from jaxppo.trainer.evaluation import generated_length, heldout_eval_prompts
-    from jaxppo.trainer.loop import _LengthProbe, train
-    from jaxppo.trainer.setup import build_run
+    from jaxppo.trainer.ppo.loop import _LengthProbe, train
+    from jaxppo.trainer.ppo.setup import build_run
 
     cfg = make_cfg("guards.length_probe_every=2", "guards.length_probe_prompts=3", "trainer.total_steps=4",
                    "trainer.save_every=100")

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxppo.trainer.setup import build_run
-from jaxppo.trainer.steps import strided_merge, strided_split
+from jaxppo.trainer.micro import strided_merge, strided_split
+from jaxppo.trainer.ppo.setup import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -129,8 +129,8 @@ def test_micro_batches_and_prepare_chunks_spread_over_devices_and_match_one_devi
     results equal the single-device run's, and the priorities come back in row order (vs one full micro-batch)."""
     import dataclasses
 
-    from jaxppo.trainer.state import make_optimizer
-    from jaxppo.trainer.steps import make_train_step
+    from jaxppo.optim import make_optimizer
+    from jaxppo.trainer.ppo.steps import make_train_step
 
     _need8()
     o = ("actor.ppo_mini_batch_size=64", "actor.ppo_micro_batch_size=8", "actor.ppo_epochs=1", "critic.ppo_epochs=1")

@@ -55,27 +55,39 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
-from jaxppo.parallel import BATCH_AXES
+from jaxppo.ops.masked import masked_var
+from jaxppo.optim import lr_schedule, set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
-from jaxppo.trainer.batch import BufferItem
-from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values, response_values
-from jaxppo.trainer.hparams import StepHP, step_hparams
-from jaxppo.trainer.prepare import sequence_priority, td_residuals
+from jaxppo.trainer.micro import micro_grads, strided_merge
+from jaxppo.trainer.ppo.batch import BufferItem
+from jaxppo.trainer.ppo.forward import (
+    logp_entropy,
+    response_logits,
+    response_logits_values,
+    response_values,
+)
+from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
+from jaxppo.trainer.ppo.prepare import td_residuals
+from jaxppo.trainer.ppo.state import TrainState
 from jaxppo.trainer.registry import POLICY_LOSSES
-from jaxppo.trainer.state import TrainState, lr_schedule, set_learning_rate
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
 
 
-def _masked_var(x, m):
-    mean = ops.masked_mean(x, m)
-    return ops.masked_mean(jnp.square(x - mean), m)
+def _td_priority(delta, m, agg):
+    """``agg_t |δ_t|`` per sequence over the float mask ``m`` -- ``ops.priority_td_error``'s value, written as
+    ``Σ|δ|·m / max(Σm, 1)``: inside this fused step the ops form rounds the stored priorities differently by an
+    ulp, which changes later PER samples and so every later metric of a run (measured on configs/smoke.yaml)."""
+    a = jnp.abs(delta) * m
+    if agg == "max":
+        return jnp.max(a, axis=-1)
+    return a.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
 
 
 def explained_variance(values, returns, mask):
     """``1 − Var_m(G − V) / Var_m(G)`` (0 when the returns have no variance)."""
-    vr = _masked_var(returns, mask)
-    return jnp.where(vr > 1e-12, 1.0 - _masked_var(returns - values, mask) / jnp.maximum(vr, 1e-12), 0.0)
+    vr = masked_var(returns, mask, unbiased=False)
+    return jnp.where(vr > 1e-12, 1.0 - masked_var(returns - values, mask, unbiased=False) / jnp.maximum(vr, 1e-12), 0.0)
 
 
 def behaviour_weights(hp: StepHP, prox: jax.Array, behaviour: jax.Array, m: jax.Array):
@@ -197,7 +209,7 @@ def critic_terms(hp: StepHP, values: jax.Array, batch: BufferItem, w: jax.Array,
         "critic/values/mean": ops.masked_mean(sv, m),
         "critic/returns/mean": ops.masked_mean(pr.returns, m),
     }
-    return vf_loss, aux, sequence_priority(delta, m, c.priority_agg)
+    return vf_loss, aux, _td_priority(delta, m, c.priority_agg)
 
 
 def _f32(aux):
@@ -248,31 +260,6 @@ def make_phases(hp: StepHP, actor_gd, critic_gd) -> list[Phase]:
             Phase(("critic",), critic_loss, hp.critic_epochs)]
 
 
-def strided_split(x: jax.Array, n: int) -> jax.Array:
-    """``[B, ...] -> [n, B/n, ...]`` with micro-batch ``j`` = rows ``j, j+n, j+2n, ...``.
-
-    With ``B`` split into contiguous blocks over the devices (batch sharding) and ``B/n`` a multiple of the
-    device count, every micro-batch takes the same share of every device's rows, so each scan iteration
-    stays spread over all devices (a contiguous split would put each micro-batch on a subset of them).
-    """
-    b = x.shape[0]
-    if b % n:
-        raise ValueError(f"batch of {b} rows does not split into {n} equal micro-batches")
-    return jnp.swapaxes(x.reshape(b // n, n, *x.shape[1:]), 0, 1)
-
-
-def strided_merge(y: jax.Array) -> jax.Array:
-    """Inverse of ``strided_split``: ``[n, B/n, ...] -> [B, ...]`` in the original row order."""
-    return jnp.swapaxes(y, 0, 1).reshape(y.shape[0] * y.shape[1], *y.shape[2:])
-
-
-def _constrain_batch(x: jax.Array, mesh, axis: int) -> jax.Array:
-    """Keep dimension ``axis`` of ``x`` split over the mesh's batch axes (``jaxppo.parallel.BATCH_AXES``)."""
-    spec = [None] * x.ndim
-    spec[axis] = BATCH_AXES
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
-
-
 def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     """One optimizer update of ``loss_fn`` on a minibatch:
     ``(params, opts, scales, batch, w, counts) -> (params, opts, aux, priority, grad_norms)``.
@@ -280,29 +267,19 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     Gradients are the mean over ``n_micro`` equal micro-batches (``lax.scan``); metrics are the mean
     over micro-batches; ``grad_norms`` are the global norms of each field's accumulated gradient
     (before clipping); ``scales[i]`` (or None) multiplies field ``i``'s optimizer update (the LR cut).
-    Micro-batches are strided (``strided_split``: micro-batch ``j`` = rows ``j, j+n, ...``); the priority
-    vector comes back in the minibatch's row order. With ``mesh`` every micro-batch is constrained to be
+    Micro-batches are strided (``jaxppo.trainer.micro.micro_grads``: micro-batch ``j`` = rows ``j, j+n, ...``); the
+    priority vector comes back in the minibatch's row order. With ``mesh`` every micro-batch is constrained to be
     split over the batch axes.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def grads(params, batch, w, counts):
-        if n_micro == 1:
-            (_, (aux, prio)), g = grad_fn(params, batch, w, counts)
-            return g, aux, prio
-        xs = jax.tree.map(lambda x: strided_split(x, n_micro), (batch, w, counts))
-        if mesh is not None:
-            xs = jax.tree.map(lambda x: _constrain_batch(x, mesh, axis=1), xs)
+        def one(p, *x):
+            (_, aux), g = grad_fn(p, *x)
+            return g, aux
 
-        def body(acc, x):
-            if mesh is not None:
-                x = jax.tree.map(lambda y: _constrain_batch(y, mesh, axis=0), x)
-            (_, (aux, prio)), g = grad_fn(params, *x)
-            return jax.tree.map(jnp.add, acc, g), (aux, prio)
-
-        gsum, (aux, prio) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), xs)
-        aux = jax.tree.map(jnp.mean, aux)
-        return jax.tree.map(lambda g: g / n_micro, gsum), aux, (None if prio is None else strided_merge(prio))
+        g, (aux, prio) = micro_grads(one, params, (batch, w, counts), n_micro, mesh)
+        return g, jax.tree.map(jnp.mean, aux), (None if prio is None else strided_merge(prio))
 
     def update(params, opts, scales, batch, w, counts):
         g, aux, prio = grads(params, batch, w, counts)

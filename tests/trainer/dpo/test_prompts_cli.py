@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.dpo.conftest import dpo_overrides
+from tests.trainer.dpo.conftest import dpo_overrides
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -23,7 +23,7 @@ def test_sides_match_the_dpo_runs_split(tmp_path, stories_model, hh_pairs, capsy
     from jaxppo.config import load_config
     from jaxppo.data import load_rows
     from jaxppo.prompts import main
-    from jaxppo.trainer.dpo_loop import build_dpo_run
+    from jaxppo.trainer.dpo.loop import build_dpo_run
 
     over = dpo_overrides(stories_model, hh_pairs, tmp_path / "run", tmp_path / "cache")
     with pytest.raises(SystemExit) as e:    # a missing config file: one line, status 2

@@ -2,7 +2,7 @@
 
 ``build_run(cfg)`` returns a :class:`Run` whose ``state`` is the initial ``TrainState`` (placed on the
 mesh) and whose ``prepare`` / ``step`` are the jitted prepare and update functions. The loop
-(``jaxppo.trainer.loop``) drives it; tests use it directly.
+(``jaxppo.trainer.ppo.loop``) drives it; tests use it directly.
 """
 
 from __future__ import annotations
@@ -20,13 +20,28 @@ from flax import nnx
 
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
-from jaxppo.trainer.batch import (TRAJECTORY_DTYPES, BufferItem, Trajectories, example_item, trajectories_from_arrays,
-                                  zero_prepared)
-from jaxppo.trainer.hparams import StepHP, step_hparams
-from jaxppo.trainer.prepare import make_prepare_fn, pf_filter
-from jaxppo.trainer.state import (TrainState, init_optimizer, make_critic, make_optimizer, replicate_leaves,
-                                  shardings_of, split_params)
-from jaxppo.trainer.steps import make_train_step
+from jaxppo.optim import (
+    init_optimizer,
+    make_optimizer,
+    replicate_leaves,
+    shardings_of,
+    split_params,
+)
+from jaxppo.trainer.harness import check_rows
+from jaxppo.trainer.micro import check_mesh
+from jaxppo.trainer.policy_eval import split_data
+from jaxppo.trainer.ppo.batch import (
+    TRAJECTORY_DTYPES,
+    BufferItem,
+    Trajectories,
+    example_item,
+    trajectories_from_arrays,
+    zero_prepared,
+)
+from jaxppo.trainer.ppo.hparams import step_hparams
+from jaxppo.trainer.ppo.prepare import make_prepare_fn, pf_filter
+from jaxppo.trainer.ppo.state import TrainState, make_critic
+from jaxppo.trainer.ppo.steps import make_train_step
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -48,9 +63,8 @@ class Run:
     heldout: dict[str, np.ndarray]
     n_use: int                   # most dataset rows a buffer window holds (min(rows, replay.capacity))
     capacity: int                # buffer slots (n_use rounded up)
-    data_report: Any = None
+    report: Any = None           # the data report (rows seen, kept, skipped by reason)
     windows: list = dataclasses.field(default_factory=list)  # dataset rows of each buffer window (whole groups)
-    hparams: StepHP | None = None
     pf_stats: dict = dataclasses.field(default_factory=dict)  # e.g. {"pf_ppo/dropped_groups": n}
 
     @property
@@ -63,21 +77,6 @@ class Run:
 
     def reference(self) -> nnx.Module:
         return nnx.merge(self.actor_gd, self.ref_params)
-
-
-def check_mesh(mesh_cfg: Any, n_devices: int, micro_batch: int, micro_batch_key: str) -> None:
-    """The mesh checks of every trainer (ConfigError naming the key): ``mesh.data x mesh.fsdp x mesh.tensor`` must
-    equal ``n_devices`` and the micro-batch (``micro_batch``, set by ``micro_batch_key``) must be a multiple of the
-    batch shards ``mesh.data x mesh.fsdp``."""
-    m = mesh_cfg
-    n = m.data * m.fsdp * m.tensor
-    if n != n_devices:
-        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
-                          f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
-    shards = m.data * m.fsdp
-    if micro_batch % shards:
-        raise ConfigError(f"{micro_batch_key}={micro_batch} must be a multiple of the mesh batch shards "
-                          f"mesh.data x mesh.fsdp = {shards}")
 
 
 def check_config(cfg: Any, n_devices: int) -> None:
@@ -168,22 +167,6 @@ def window_items(train: dict[str, np.ndarray], rows: np.ndarray, valid: np.ndarr
     pad_gid = low - 1 - np.arange(len(rows))
     return data.replace(filter_w=np.where(valid, data.filter_w, 0.0).astype(TRAJECTORY_DTYPES["filter_w"]),
                         group_id=np.where(valid, data.group_id, pad_gid).astype(TRAJECTORY_DTYPES["group_id"]))
-
-
-def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
-               reference: nnx.Module | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Any]:
-    """``(train, heldout, report)``: the rows of ``cfg.data`` tokenized and split by prompt group with
-    ``split_by_group(group_id, data.eval_fraction, data.seed)`` — the split of every run (training and
-    ``jaxppo.evaluate``). With a reference (path and model) the rows without logged behaviour log-probs get
-    them from it (training needs them); without, they stay 0 — the rows and the split do not depend on it.
-    """
-    from jaxppo.data import load_scored_arrays, split_by_group
-
-    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=reference_path, reference=reference)
-    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
-    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
-    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
-    return train, heldout, report
 
 
 def buffer_layout(cfg: Any, n_rows: int, mesh) -> tuple[int, int, int]:
@@ -362,8 +345,8 @@ def build_run(cfg: Any, *, devices=None) -> Run:
                                   remat=cfg.model.remat)
     train, heldout, report = split_data(cfg, tokenizer, reference_path=model_path, reference=actor_model)
     n_rows = int(train["prompt_ids"].shape[0])
-    if n_rows == 0:
-        raise ConfigError("data: no training rows left after the held-out split; lower data.eval_fraction")
+    check_rows(report, n_rows, int(heldout["prompt_ids"].shape[0]), min_train=cfg.actor.ppo_mini_batch_size,
+               min_train_key="actor.ppo_mini_batch_size", eval_fraction=cfg.data.eval_fraction)
     if not np.isfinite(train["score"]).all():
         raise ValueError("data: non-finite scores in the training rows")
     order = group_order(train["group_id"])
@@ -400,8 +383,8 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
                critic_gd=critic_gd, ref_params=ref_params, state=core.state, prepare=core.prepare, step=core.step,
-               train=train, heldout=heldout, n_use=n_use, capacity=capacity, data_report=report, windows=windows,
-               hparams=hp, pf_stats=pf_stats)
+               train=train, heldout=heldout, n_use=n_use, capacity=capacity, report=report, windows=windows,
+               pf_stats=pf_stats)
 
 
 def load_window(run: Run, state: TrainState, refresh_index: int) -> TrainState:

@@ -13,7 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxppo.trainer.dpo_step import DPOHParams, DPOState, batch_indices, make_dpo_step, pair_loss
+from jaxppo.trainer.dpo.step import (
+    DPOHParams,
+    DPOState,
+    batch_indices,
+    make_dpo_step,
+    pair_loss,
+)
 
 B, P, R = 4, 6, 5
 
@@ -61,7 +67,7 @@ def _np_sigmoid_loss(pc, pr, rc, rr, beta, eps):
 
 @pytest.mark.parametrize("eps", [0.0, 0.2])
 def test_pair_loss_matches_numpy(model, batch, eps):
-    from jaxppo.trainer.state import split_params
+    from jaxppo.optim import split_params
 
     gd, params = split_params(model)
     hp = DPOHParams(beta=0.1, loss_type="sigmoid", label_smoothing=eps, rpo_alpha=0.0, micro_batch_size=B)
@@ -80,7 +86,7 @@ def test_pair_loss_matches_numpy(model, batch, eps):
 
 def test_policy_equal_to_reference_gives_log2(model, batch):
     """Hand-computed: with ref = the policy's own log-probs, D = 0 and the sigmoid loss is log 2 for any beta."""
-    from jaxppo.trainer.state import split_params
+    from jaxppo.optim import split_params
 
     gd, params = split_params(model)
     pc = _np_seq_logp(model, batch["prompt_ids"], batch["prompt_mask"], batch["chosen_ids"], batch["chosen_mask"])
@@ -105,8 +111,8 @@ def _copy(tree):
 @pytest.mark.parametrize("rpo_alpha", [0.0, 0.5])
 def test_micro_batches_equal_full_batch(model, batch, rpo_alpha):
     """Also with RPO: its NLL is a token mean over the whole batch (TRL), whatever the micro-batch split."""
-    from jaxppo.trainer.state import make_optimizer, split_params
     from jaxppo.config.schema import OptimConfig
+    from jaxppo.optim import make_optimizer, split_params
 
     gd, params = split_params(model)
     # eps=1 makes AdamW's first update ~ lr x g (linear in the gradient, no sign amplification of float noise)
@@ -131,9 +137,37 @@ def test_micro_batches_equal_full_batch(model, batch, rpo_alpha):
     assert moved > 1e-3
 
 
+def test_micro_batches_are_strided(model, batch, monkeypatch):
+    """Micro-batch ``j`` of a ``B``-pair batch cut into ``n`` holds pairs ``j, j+n, ...`` (the split of every trainer,
+    ``jaxppo.trainer.micro``): under batch sharding each micro-batch then spreads over all devices. The pairs each
+    micro-batch's loss sees are recorded (tagged by ``ref_chosen``)."""
+    from jaxppo.config.schema import OptimConfig
+    from jaxppo.optim import make_optimizer, split_params
+    from jaxppo.trainer.dpo import step as step_mod
+
+    seen = []
+
+    def recording_loss(graphdef, params, x, hp):
+        jax.debug.callback(lambda tags: seen.append(np.asarray(tags).astype(int).tolist()), x["ref_chosen"],
+                           ordered=True)
+        loss = sum(jnp.sum(p) for p in jax.tree.leaves(params)) * 0.0 + jnp.mean(x["ref_chosen"])
+        return loss, {"loss": loss}
+
+    monkeypatch.setattr(step_mod, "pair_loss", recording_loss)
+    gd, params = split_params(model)
+    tx = make_optimizer(OptimConfig(lr=1e-3), 10)
+    hp = DPOHParams(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0, micro_batch_size=2)
+    tagged = dict(batch, ref_chosen=np.arange(B, dtype=np.float32))
+    fn = make_dpo_step(gd, tx, optax.constant_schedule(1e-3), hp)
+    _, m = fn(_state(_copy(params), tx), tagged)
+    jax.effects_barrier()
+    assert seen == [[0, 2], [1, 3]]          # strided; a contiguous split would give [[0, 1], [2, 3]]
+    assert float(m["loss"]) == pytest.approx(np.mean(np.arange(B)))   # the mean of the micro-batch means
+
+
 def test_nan_batch_is_skipped_in_graph(model, batch):
     from jaxppo.config.schema import OptimConfig
-    from jaxppo.trainer.state import make_optimizer, split_params
+    from jaxppo.optim import make_optimizer, split_params
 
     gd, params = split_params(model)
     tx = make_optimizer(OptimConfig(lr=1e-2), 10)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 TINY = [
     "data.schema=preference", "data.preference_format=hh", "data.max_rows=64", "data.max_prompt_length=16",

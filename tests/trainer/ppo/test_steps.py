@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxppo.trainer.setup import build_run
+from jaxppo.trainer.ppo.setup import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -98,7 +98,7 @@ def test_ppo_epochs_equal_repeated_updates_on_one_minibatch(make_cfg):
     minibatch (step counter and replay state reset before each call, so the same sample is drawn): actor
     and its optimizer after call 2, critic, its optimizer and the written priorities (|δ| of the last
     critic epoch) after call 3; metrics are the means over each model's epochs."""
-    from jaxppo.trainer.state import shardings_of
+    from jaxppo.optim import shardings_of
 
     # no warm-up: every epoch of a step uses lr_schedule(state.step), and the step is reset to 0 below
     nowarm = ("actor.optim.warmup_steps=0", "critic.optim.warmup_steps=0")
@@ -133,7 +133,7 @@ def test_dataset_larger_than_buffer_moves_window_by_window(make_cfg):
     most 50 rows; the data has 4 responses per prompt, so a window holds 12 groups = 48 rows); window k
     holds its rows with their data and reference log-probs, the slots past it are invalid (filter weight 0,
     a group id of their own); after prepare the step runs on it without recompiling; windows cycle."""
-    from jaxppo.trainer.setup import load_window
+    from jaxppo.trainer.ppo.setup import load_window
 
     run = build_run(make_cfg("replay.capacity=50", "critic.ppo_epochs=1"), devices=jax.devices()[:1])
     n_rows = run.train["prompt_ids"].shape[0]
@@ -169,7 +169,7 @@ def test_group_windows_keep_groups_whole():
     """Hand cases of group_order / group_windows / window_slots, and the ConfigError for a group that does
     not fit a window."""
     from jaxppo.config import ConfigError
-    from jaxppo.trainer.setup import group_order, group_windows, window_slots
+    from jaxppo.trainer.ppo.setup import group_order, group_windows, window_slots
 
     gid = np.array([7, 3, 7, 3, 5, 5, 5, 9])
     order = group_order(gid)
@@ -194,7 +194,7 @@ def test_lr_follows_the_train_step_not_the_update_count(make_cfg):
     schedule at 0..5 (before the fix optax's count advanced 4x per step: the critic moved at step 0, where
     the warm-up LR is 0); actor/lr and critic/lr log exactly the applied LR; a NaN-skipped step keeps the
     old optimizer state and the schedule still follows state.step (skipped steps count)."""
-    from jaxppo.trainer.state import learning_rate_of, lr_schedule
+    from jaxppo.optim import learning_rate_of, lr_schedule
 
     cfg = make_cfg("critic.optim.warmup_steps=4", "critic.ppo_epochs=4", "critic.optim.schedule=linear",
                    "actor.optim.schedule=cosine")
@@ -240,7 +240,7 @@ def test_pf_weights_and_every_sampled_priority_are_fresh(make_cfg):
     those the resample dropped) holds the fresh ``f·(agg|δ| + ε)^α`` of the critic's values (numpy δ)."""
     from jaxppo import replay as replay_lib
     from jaxppo.replay.filtered import filtered_weights
-    from jaxppo.trainer.forward import response_values
+    from jaxppo.trainer.ppo.forward import response_values
 
     cfg = make_cfg("pf_ppo.enabled=true", "pf_ppo.filter=pow", "pf_ppo.weight_pow=1.0",
                    "pf_ppo.reweight_method=max_min", "critic.ppo_epochs=1")

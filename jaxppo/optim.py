@@ -1,25 +1,19 @@
-"""The train-state pytree and its construction.
-
-``TrainState`` holds everything a step changes and a resume needs (DESIGN.md §2): actor and critic
-parameters (``nnx.State``; models are rebuilt inside jitted code with ``nnx.merge``) with their
-optax states, the replay buffer (storage: one ``batch.BufferItem`` per slot, the data ``Trajectories`` and
-the ``Prepared`` arrays; priorities), the RNG key, the
-in-reward KL coefficient (fixed/adaptive controller state), the LR scale set by the guards, the
-step/NaN counters and the data cursor. ``share_trunk=True``: ``critic`` holds only a value head that
-reads the actor's hidden states. With a critic-free advantage estimator (``algorithm.adv_estimator`` grpo, rloo,
-reinforce_plus_plus[_baseline]) ``critic`` and ``critic_opt`` are None (empty pytree nodes: nothing is stored,
-sharded or checkpointed for them).
+"""The optimizer factory and the state helpers every trainer shares (PPO, DPO, the reward model), below them all.
 
 Optimizers: ``clip_by_global_norm(grad_clip) -> adamw(learning_rate)`` with the learning rate an
-injected hyper-parameter (``optax.inject_hyperparams``) held in the optimizer state. The train step sets
-it with :func:`set_learning_rate` to ``lr_schedule(state.step)`` before its epochs, so the schedule
-advances once per train step, not once per optimizer update (``ppo_epochs`` updates per step all use
+injected hyper-parameter (``optax.inject_hyperparams``) held in the optimizer state. A train step sets
+it with :func:`set_learning_rate` to ``lr_schedule(state.step)`` before its updates, so the schedule
+advances once per train step, not once per optimizer update (PPO's ``ppo_epochs`` updates per step all use
 the same LR; optax's own update count would run the schedule ``ppo_epochs`` times too fast). The
 schedule is a linear warmup from 0 to ``lr`` over ``warmup_steps`` then ``constant`` / ``cosine`` /
-``linear`` decay to ``min_lr_ratio·lr`` at ``total_steps``; ``state.step`` counts every step call,
-NaN-skipped ones included, so a skipped step uses up one schedule step. The guards' LR cut multiplies
-the actor's update by ``lr_scale`` (exactly a learning-rate change for adamw, whose update is
-``-lr·(adam + wd·θ)``: the weight decay scales with the injected LR exactly as with a schedule).
+``linear`` decay to ``min_lr_ratio·lr`` at ``total_steps``::
+
+    lr(t) = lr · t / warmup                                       t < warmup
+    cosine: lr(t) = end + (lr − end) · ½ (1 + cos(π (t − warmup) / (total − warmup)))   (end = min_lr_ratio · lr)
+
+``state.step`` counts every step call, NaN-skipped ones included, so a skipped step uses up one schedule step.
+The guards' LR cut multiplies the actor's update by ``lr_scale`` (exactly a learning-rate change for adamw,
+whose update is ``-lr·(adam + wd·θ)``: the weight decay scales with the injected LR exactly as with a schedule).
 """
 
 from __future__ import annotations
@@ -29,25 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx, struct
-
-from jaxppo.models import ScalarHead, ValueModel
-from jaxppo.replay import ReplayState
-
-@struct.dataclass
-class TrainState:
-    step: jax.Array            # int32: number of update steps done
-    actor: nnx.State           # parameters of the CausalLM
-    actor_opt: optax.OptState
-    critic: nnx.State | None   # parameters of a ValueModel (a ScalarHead when share_trunk); None: critic-free
-    critic_opt: optax.OptState | None   # None without a critic
-    replay: ReplayState        # storage: a batch.BufferItem per slot (data + prepared arrays)
-    rng: jax.Array             # base key; step keys are fold_in(rng, step)
-    kl_coef: jax.Array         # in-reward KL coefficient β (KL-controller state)
-    lr_scale: jax.Array        # guard LR multiplier of the actor (1 = as configured)
-    nan_total: jax.Array       # int32: updates skipped for a non-finite loss/gradient
-    nan_streak: jax.Array      # int32: consecutive skipped updates
-    data_cursor: jax.Array     # int32: first dataset row of the current buffer window
+from flax import nnx
 
 
 def lr_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
@@ -106,15 +82,6 @@ def learning_rate_of(opt_state) -> jax.Array:
     raise ValueError("optimizer state has no injected learning_rate (not built by make_optimizer?)")
 
 
-def make_critic(actor_model, *, share_trunk: bool, seed: int):
-    """A ValueModel with a copy of the actor trunk, or (share_trunk) a bare value head."""
-    rngs = nnx.Rngs(seed)
-    if share_trunk:
-        return ScalarHead(actor_model.config.hidden_size, rngs=rngs, std=actor_model.config.initializer_range,
-                          dtype=actor_model.config.param_dtype)
-    return ValueModel.from_lm(actor_model, rngs=rngs)
-
-
 def split_params(model) -> tuple[Any, Any]:
     """``(graphdef, params)``; every variable of our models is an ``nnx.Param``."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -137,14 +104,15 @@ def replicate_leaves(tree, mesh):
     return jax.tree.map(put, tree)
 
 
-def shardings_of(state: TrainState):
+def shardings_of(state: Any):
     """The ``NamedSharding`` of every leaf (for jit ``in_shardings`` / ``out_shardings``)."""
     return jax.tree.map(lambda x: x.sharding, state)
 
 
-def param_finite(state: TrainState) -> bool:
-    """True when every actor/critic parameter is finite (checked before a checkpoint is written)."""
-    leaves = jax.tree.leaves((state.actor, state.critic))
+def param_finite(state: Any) -> bool:
+    """True when every parameter of ``state.actor`` (and ``state.critic`` where the state has one) is finite
+    (checked before a checkpoint is written)."""
+    leaves = jax.tree.leaves((state.actor, getattr(state, "critic", None)))
     return bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
 
 

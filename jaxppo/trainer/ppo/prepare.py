@@ -33,9 +33,14 @@ import numpy as np
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.replay.filtered import filtered_stored_priority
-from jaxppo.trainer.batch import BufferItem, Prepared, Tokens
-from jaxppo.trainer.forward import logp_entropy, response_logits, response_logits_values
-from jaxppo.trainer.hparams import StepHP, step_hparams
+from jaxppo.trainer.micro import chunked_map
+from jaxppo.trainer.ppo.batch import BufferItem, Prepared, Tokens
+from jaxppo.trainer.ppo.forward import (
+    logp_entropy,
+    response_logits,
+    response_logits_values,
+)
+from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 
 
 def last_token_onehot(response_mask: jax.Array) -> jax.Array:
@@ -62,44 +67,6 @@ def td_residuals(rewards: jax.Array, values: jax.Array, response_mask: jax.Array
     v = values * m
     nxt = jnp.concatenate([v[:, 1:], jnp.zeros_like(v[:, :1])], axis=1)
     return (rewards + gamma * nxt - v) * m
-
-
-def sequence_priority(delta: jax.Array, response_mask: jax.Array, agg: str) -> jax.Array:
-    """``agg_t |δ_t|`` per sequence: masked mean or masked max (0 for an empty row)."""
-    m = response_mask.astype(jnp.float32)
-    a = jnp.abs(delta) * m
-    if agg == "max":
-        return jnp.max(a, axis=-1)
-    return a.sum(-1) / jnp.maximum(m.sum(-1), 1.0)
-
-
-def _chunked(fn, xs, chunk: int, mesh=None):
-    """Apply ``fn(batch) -> tree of [chunk, ...]`` over ``xs`` (a pytree of ``[N, ...]`` arrays, e.g. the buffer's
-    ``Tokens``) in chunks with ``lax.map``.
-
-    Chunks are strided: chunk ``j`` holds rows ``j, j+c, j+2c, ...`` with ``c = N / chunk`` chunks, so with the
-    buffer split in contiguous blocks over the devices every chunk takes the same share of every device's
-    rows (``chunk`` a multiple of the batch shards) and the per-row outputs come back in row order. With
-    ``mesh`` each chunk is constrained to stay split over the batch axes (``jaxppo.parallel.BATCH_AXES``).
-    """
-    n = jax.tree.leaves(xs)[0].shape[0]
-    if n % chunk:
-        raise ValueError(f"buffer size {n} is not a multiple of the prepare chunk {chunk}")
-    c = n // chunk
-
-    def constrain(x, axis):
-        if mesh is None:
-            return x
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from jaxppo.parallel import BATCH_AXES
-        spec = [None] * x.ndim
-        spec[axis] = BATCH_AXES
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
-
-    xs = jax.tree.map(lambda x: constrain(jnp.swapaxes(x.reshape(chunk, c, *x.shape[1:]), 0, 1), 1), xs)
-    out = jax.lax.map(lambda batch: fn(jax.tree.map(lambda v: constrain(v, 0), batch)), xs)
-    return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape(n, *y.shape[2:]), out)
 
 
 def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Array, mask: jax.Array,
@@ -141,7 +108,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
             logp, _ = logp_entropy(logits, batch.response_ids, batch.response_mask)
             return logp, values
 
-        prox_logp, values = _chunked(one, Tokens.of(d), chunk, mesh=mesh)
+        prox_logp, values = chunked_map(one, Tokens.of(d), chunk, mesh=mesh)
         prox_logp = jax.lax.stop_gradient(prox_logp)
         m = d.response_mask.astype(jnp.float32)
         rewards = token_rewards(d.score, d.response_mask, prox_logp, d.ref_logp, kl_coef=state.kl_coef,
@@ -188,8 +155,3 @@ def pf_filter(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> t
     if not (w > 0).any():
         raise ValueError(f"pf_ppo.filter={pf.filter!r} gives every trajectory weight 0; nothing to train on")
     return w, {"pf_ppo/dropped_groups": dropped}
-
-
-def pf_filter_weights(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> np.ndarray:
-    """The weights of :func:`pf_filter`."""
-    return pf_filter(cfg, score, group_id, seed)[0]

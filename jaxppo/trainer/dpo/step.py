@@ -8,7 +8,8 @@ from ONE forward over the ``[2B, P+R]`` stack ``concat(prompt, chosen)`` then ``
     logp_seq(y | x) = sum_t m_t · log π(y_t | x, y_<t)          (m = the answer's mask)
 
 and the loss is ``mean_pairs dpo_loss(...)`` (``jaxppo.ops.dpo_loss``, TRL's formulas). With
-``micro_batch_size`` the batch is cut into ``B / mb`` equal micro-batches whose gradients (and metrics) are
+``micro_batch_size`` the batch is cut into ``B / mb`` equal strided micro-batches (micro-batch ``j`` = pairs
+``j, j + B/mb, ...``: ``jaxppo.trainer.micro``, the split of the PPO step) whose gradients (and metrics) are
 averaged, which equals the full-batch mean because the micro-batches have equal size.
 
 Order of pairs: shuffled epochs. Pair ``c`` of the stream (``c = 0, 1, ...``; the state's ``data_cursor`` is the
@@ -32,7 +33,8 @@ import optax
 from flax import nnx, struct
 
 from jaxppo.ops import dpo_loss
-from jaxppo.trainer.state import learning_rate_of, set_learning_rate
+from jaxppo.optim import learning_rate_of, set_learning_rate
+from jaxppo.trainer.micro import micro_grads
 
 PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
              "ref_chosen", "ref_rejected")
@@ -47,11 +49,6 @@ class DPOState:
     nan_total: jax.Array     # int32: skipped updates
     nan_streak: jax.Array    # int32: consecutive skipped updates
     data_cursor: jax.Array   # int32: index of the next pair in the shuffled-epoch stream
-
-    @property
-    def critic(self) -> dict:
-        """No critic (the checkpointer's finiteness check reads ``state.critic``)."""
-        return {}
 
 
 @struct.dataclass
@@ -124,8 +121,10 @@ def _tree_finite(tree: Any) -> jax.Array:
 
 
 def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, hp: DPOHParams, *,
-                  state_shardings: Any = None, batch_shardings: Any = None):
-    """Jitted ``(state, batch) -> (state, metrics)`` with the state donated (module doc)."""
+                  state_shardings: Any = None, batch_shardings: Any = None, mesh: Any = None):
+    """Jitted ``(state, batch) -> (state, metrics)`` with the state donated (module doc). Micro-batches are the
+    strided ones of every trainer (``jaxppo.trainer.micro.micro_grads``); with ``mesh`` they are constrained to
+    stay split over the batch axes."""
 
     def grads_of(params, batch):
         b = batch["prompt_ids"].shape[0]
@@ -133,21 +132,13 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
         if b % mb:
             raise ValueError(f"batch of {b} pairs is not a multiple of micro_batch_size={mb}")
         tpp = jnp.maximum(batch["chosen_mask"].sum(), 1) / b    # RPO's NLL: a token mean over the whole batch
-        fn = jax.value_and_grad(lambda p, x: pair_loss(graphdef, p, x, hp, tpp), has_aux=True)
-        if mb == b:
-            (_, metrics), grads = fn(params, batch)
-            return grads, metrics
-        micro = jax.tree.map(lambda x: x.reshape((b // mb, mb) + x.shape[1:]), batch)
 
-        def body(acc, x):
-            (_, m), g = fn(params, x)
-            return jax.tree.map(jnp.add, acc, (g, m)), None
+        def one(p, x):
+            (_, metrics), g = jax.value_and_grad(lambda q: pair_loss(graphdef, q, x, hp, tpp), has_aux=True)(p)
+            return g, metrics
 
-        zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: fn(params, jax.tree.map(lambda x: x[0], micro))))
-        zero = (zero[1], zero[0][1])
-        (g, m), _ = jax.lax.scan(body, zero, micro)
-        k = b // mb
-        return jax.tree.map(lambda x: x / k, g), jax.tree.map(lambda x: x / k, m)
+        grads, metrics = micro_grads(one, params, (batch,), b // mb, mesh)
+        return grads, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
 
     def step(state: DPOState, batch: dict[str, jax.Array]):
         lr = schedule(state.step)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.dpo.conftest import REPO, dpo_overrides
+from tests.trainer.dpo.conftest import REPO, dpo_overrides
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -30,7 +30,7 @@ def _rows(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, stories_model, hh_pairs):
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo_loop import build_dpo_run, fit_dpo
+    from jaxppo.trainer.dpo.loop import build_dpo_run, fit_dpo
 
     out = tmp_path_factory.mktemp("dpo_run")
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, out / "cache", "trainer.save_hf=true"))
@@ -97,7 +97,7 @@ def test_hf_export_loads_in_transformers_with_same_logits(trained):
 def test_reference_logps_are_cached(tmp_path, stories_model, hh_pairs, monkeypatch):
     import jaxppo.data.behaviour as behaviour
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo_loop import build_dpo_run
+    from jaxppo.trainer.dpo.loop import build_dpo_run
 
     calls = []
     real = behaviour.compute_behaviour_logprobs
@@ -136,7 +136,7 @@ def test_resume_from_the_step0_checkpoint(tmp_path, stories_model, hh_pairs):
     import shutil
 
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo_loop import build_dpo_run, train_dpo
+    from jaxppo.trainer.dpo.loop import build_dpo_run, train_dpo
 
     out = tmp_path / "run"
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, tmp_path / "cache", "trainer.total_steps=2",
@@ -195,3 +195,60 @@ def test_bad_config_is_one_line_error(tmp_path, stories_model, hh_pairs, overrid
     assert p.returncode == 2, p.stderr[-2000:]
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("python -m jaxppo.dpo"), p.stderr[-2000:]
+
+
+def test_log_every_sets_the_metrics_cadence(tmp_path, stories_model, hh_pairs):
+    """``trainer.log_every`` is the harness's cadence for every trainer: a DPO row every 5 steps, plus the steps
+    with an evaluation (6, 12) and the last step (DPO used to log every step whatever the setting)."""
+    from jaxppo.config import load_config
+    from jaxppo.trainer.dpo.loop import build_dpo_run, train_dpo
+
+    out = tmp_path / "run"
+    cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, tmp_path / "cache", "trainer.log_every=5"))
+    train_dpo(cfg, run=build_dpo_run(cfg, devices=jax.devices()[:1]))
+    rows = _rows(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [5, 6, 10, 12]
+    assert "eval/rewards/accuracies" in rows[1] and "eval/rewards/accuracies" not in rows[0]
+
+
+def _wait_for_checkpoint(step_dir: Path, timeout: float = 60.0) -> list[Path]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        files = [p for p in (step_dir / "state" / "d").glob("*") if p.is_file()] if step_dir.is_dir() else []
+        if files:
+            return files
+        time.sleep(0.05)
+    raise AssertionError(f"checkpoint {step_dir} was not written")
+
+
+def test_rollback_over_a_damaged_checkpoint_moves_it_aside_and_logs_it(tmp_path, stories_model, hh_pairs,
+                                                                       monkeypatch):
+    """The perplexity guard rolls back at step 8 to the newest verified checkpoint (step 4), which is damaged: it is
+    moved aside with a ``checkpoint_damaged`` event and the run falls back to the verified step 0 (the rollback of
+    every trainer is the harness's; DPO's used to skip damaged checkpoints silently)."""
+    from jaxppo.config import load_config
+    from jaxppo.trainer import harness
+    from jaxppo.trainer.dpo.loop import build_dpo_run, fit_dpo
+
+    out = tmp_path / "run"
+    ckpts = out / "checkpoints"
+    cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, tmp_path / "cache", "trainer.total_steps=8",
+                                          "guards.ppl_every=4", "trainer.save_every=100", "trainer.eval_every=null"))
+    calls = iter(range(100))
+
+    def fake_ppl(algo, params):   # baseline, step 4 passes, step 8 fails after checkpoint 4 was damaged
+        i = next(calls)
+        if i < 2:
+            return 10.0
+        for p in _wait_for_checkpoint(ckpts / "4"):
+            with open(p, "r+b") as fh:
+                fh.truncate(p.stat().st_size // 2)
+        return 1000.0
+
+    monkeypatch.setattr(harness, "heldout_ppl", fake_ppl)
+    run = build_dpo_run(cfg, devices=jax.devices()[:1])
+    _, final = fit_dpo(cfg, run=run)
+    events = [(e["step"], e["kind"], e.get("checkpoint_step")) for e in _rows(out / "events.jsonl")]
+    assert events == [(8, "rollback", None), (8, "checkpoint_damaged", 4), (8, "rollback_restored", 0)]
+    assert [p.name for p in ckpts.iterdir() if p.name.startswith("4.damaged-")]
+    assert int(final.data_cursor) == 0 and int(final.step) == 8   # step 0's data cursor, the step counter kept

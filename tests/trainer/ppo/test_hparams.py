@@ -1,4 +1,4 @@
-"""Hyper-parameter records (``jaxppo.trainer.hparams``), the policy-loss registry, config Literals vs the ops
+"""Hyper-parameter records (``jaxppo.trainer.ppo.hparams``), the policy-loss registry, config Literals vs the ops
 constants, and ``actor_terms`` / ``critic_terms`` on synthetic arrays (random logits and values, no model)
 against numpy, jitted and not."""
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxppo.config import ConfigError, load_config
-from jaxppo.trainer.hparams import step_hparams
+from jaxppo.trainer.ppo.hparams import step_hparams
 from tests.trainer._batch import as_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -125,7 +125,7 @@ def _np_actor(logits, it, w, *, clip=0.2, clip_c=3.0, ent_coef=0.0, kl_coef=0.00
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_actor_terms_match_numpy(jit):
-    from jaxppo.trainer.steps import actor_terms
+    from jaxppo.trainer.ppo.steps import actor_terms
 
     hp = _hp("actor.entropy_coeff=0.01", "actor.kl_loss_coef=0.05")
     items, logits, w = _batch(0)
@@ -142,7 +142,7 @@ def test_actor_terms_match_numpy(jit):
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 10_000), clip=st.floats(0.05, 0.5))
 def test_property_actor_terms_match_numpy(seed, clip):
-    from jaxppo.trainer.steps import actor_terms
+    from jaxppo.trainer.ppo.steps import actor_terms
 
     hp = _hp(f"actor.clip_ratio={clip}", "actor.kl_loss_coef=0.0")
     items, logits, w = _batch(seed)
@@ -154,7 +154,7 @@ def test_property_actor_terms_match_numpy(seed, clip):
 def test_actor_terms_hand_case():
     """One token, A = 1, prox = μ = log 0.5 (ρ = 1), two-token vocabulary with equal logits (π = 0.5, r = 1):
     pg = −1, entropy log 2; with entropy_coeff 0.1 and no KL loss the total is −1 − 0.1·log 2."""
-    from jaxppo.trainer.steps import actor_terms
+    from jaxppo.trainer.ppo.steps import actor_terms
 
     hp = _hp("actor.entropy_coeff=0.1", "actor.use_kl_loss=false")
     h = jnp.log(0.5)
@@ -169,7 +169,7 @@ def test_actor_terms_hand_case():
 @pytest.mark.parametrize("jit", [False, True])
 def test_critic_terms_match_numpy(jit):
     """vf = ½·Σ m·w·max((V−G)², (clip(V, V_old±c)−G)²)/Σ m; priority = mean_m |δ| with δ = r + γ V' − V."""
-    from jaxppo.trainer.steps import critic_terms
+    from jaxppo.trainer.ppo.steps import critic_terms
 
     hp = _hp("critic.cliprange_value=0.3", "algorithm.gamma=0.9")
     items, _, w = _batch(1)
@@ -189,7 +189,7 @@ def test_critic_terms_match_numpy(jit):
 
 
 def test_critic_free_metrics_have_no_critic_prefix():
-    from jaxppo.trainer.steps import actor_terms
+    from jaxppo.trainer.ppo.steps import actor_terms
 
     items, logits, w = _batch(2)
     _, aux = actor_terms(_hp("algorithm.adv_estimator=grpo"), logits, as_batch(items), w)

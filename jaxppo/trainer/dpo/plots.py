@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from jaxppo.trainer.metrics_log import read_jsonl
-from jaxppo.trainer.plots import FigureSpec, Panel, _line, _render, _series, plot_metrics
+from jaxppo.trainer.plots import (
+    FigureSpec,
+    Panel,
+    _line,
+    _render,
+    _series,
+    plot_metrics,
+)
 
 REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
 LOGP_KEYS = ("logps/chosen", "logps/rejected")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxppo import ops
-from jaxppo.trainer.batch import TokenFields
+from jaxppo.trainer.ppo.batch import TokenFields
 
 
 def _ids_mask(batch: TokenFields) -> tuple[jax.Array, jax.Array, int, int]:

@@ -21,7 +21,8 @@ reward (``eval/reward_before``, ``eval/reward_after``, ``eval/reward_gain_ci95``
 trainer's; with ``reward.kind=model`` and no reward model at ``reward.model_path`` it is skipped with a logged
 warning. Guards: NaN/inf updates are skipped in-graph, ``guards.max_nan_steps`` in a row or a held-out
 perplexity (of the chosen answers) above ``(1 + guards.ppl_tolerance)`` x baseline roll back to the newest
-verified checkpoint.
+verified checkpoint. The loop, guards, checkpoints, rollback and logging cadence (``trainer.log_every``) are the
+run harness's (``jaxppo.trainer.harness``); this module plugs in the DPO step (:class:`DPO`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.config import ConfigError, to_dict
-from jaxppo.trainer.checkpoint import Checkpointer
-from jaxppo.trainer.dpo_step import PAIR_KEYS, DPOHParams, DPOState, batch_indices, make_dpo_step, pair_logps
-from jaxppo.trainer.run_dir import metrics_logger, start_run
+from jaxppo.config import ConfigError
+from jaxppo.trainer.dpo.step import (
+    PAIR_KEYS,
+    DPOHParams,
+    DPOState,
+    batch_indices,
+    make_dpo_step,
+    pair_logps,
+)
+from jaxppo.trainer.harness import Algorithm, check_rows
+from jaxppo.trainer.harness import fit as fit_with
+from jaxppo.trainer.run_dir import RunStart
 
 logger = logging.getLogger("jaxppo.trainer")
 
+# restored by a rollback; the step counter, NaN total and the guards' LR cut are kept, the NaN streak is zeroed
 ROLLBACK_FIELDS = ("actor", "actor_opt", "data_cursor")
 
 
@@ -75,7 +84,7 @@ class DPORun:
 
 def check_dpo_config(cfg: Any, n_devices: int) -> None:
     """Cross-section checks of a DPO run (ConfigError naming the key)."""
-    from jaxppo.trainer.setup import check_mesh
+    from jaxppo.trainer.micro import check_mesh
 
     check_mesh(cfg.mesh, n_devices, cfg.dpo.micro_batch_size or cfg.dpo.batch_size,
                "dpo.micro_batch_size (or dpo.batch_size)")
@@ -151,9 +160,15 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
     from jaxppo.models.dtypes import dtype_of
+    from jaxppo.optim import (
+        init_optimizer,
+        lr_schedule,
+        make_optimizer,
+        replicate_leaves,
+        shardings_of,
+        split_params,
+    )
     from jaxppo.parallel import batch_sharding, make_mesh, merged_rules
-    from jaxppo.trainer.state import init_optimizer, lr_schedule, make_optimizer, replicate_leaves, shardings_of, \
-        split_params
 
     devices = list(jax.devices() if devices is None else devices)
     check_dpo_config(cfg, len(devices))
@@ -174,8 +189,8 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         report=report)
     arrays["group_id"] = group
     train_rows, eval_rows = split_pairs(group, cfg.data)
-    if len(train_rows) == 0:
-        raise ConfigError("data: no training pairs left after the by-prompt split; lower data.eval_fraction")
+    check_rows(report, len(train_rows), len(eval_rows), min_train=cfg.dpo.batch_size, min_train_key="dpo.batch_size",
+               eval_fraction=cfg.data.eval_fraction, unit="pairs")
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
     heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
 
@@ -191,14 +206,14 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     state = replicate_leaves(state, mesh)
     batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in PAIR_KEYS}
     step = make_dpo_step(graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
-                         state_shardings=shardings_of(state), batch_shardings=batch_sh)
+                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh)
     return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, graphdef=graphdef,
                   ref_params=ref_params, state=state, step=step, train=train, heldout=heldout,
                   batch_shardings=batch_sh, report=report)
 
 
 def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
-    """The training pairs at stream positions ``cursor ..`` (``dpo_step.batch_indices``), on the mesh."""
+    """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``), on the mesh."""
     n = run.train["prompt_ids"].shape[0]
     idx = batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, n)
     return {k: jax.device_put(np.asarray(run.train[k][idx]), run.batch_shardings[k]) for k in PAIR_KEYS}
@@ -220,42 +235,75 @@ def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tup
     return out, right
 
 
-def _ppl_arrays(heldout: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"prompt_ids": heldout["prompt_ids"], "prompt_mask": heldout["prompt_mask"],
-            "response_ids": heldout["chosen_ids"], "response_mask": heldout["chosen_mask"]}
+class DPO(Algorithm):
+    """Offline DPO on the harness (module doc)."""
 
+    rollback_fields = ROLLBACK_FIELDS
+    count_names = ("n_train_pairs", "n_heldout_pairs")
 
-def _ppl(run: DPORun, params) -> float:
-    from jaxppo.trainer.evaluation import heldout_perplexity
+    def __init__(self, run: DPORun, start: RunStart):
+        super().__init__(run, start)
+        d = self.cfg.dpo
+        self._tokens_per_step = d.batch_size * 2 * (run.train["prompt_ids"].shape[1] + run.train["chosen_ids"].shape[1])
 
-    arr = _ppl_arrays(run.heldout)
-    if arr["prompt_ids"].shape[0] == 0 or arr["response_mask"].sum() == 0:
-        return float("nan")
-    return heldout_perplexity(run.policy(params), arr, batch_size=run.cfg.data.behaviour_batch_size)
+    def heldout_sequences(self) -> dict[str, np.ndarray]:
+        """The held-out prompts with their chosen answers (the perplexity guard's sequences)."""
+        h = self.run.heldout
+        return {"prompt_ids": h["prompt_ids"], "prompt_mask": h["prompt_mask"], "response_ids": h["chosen_ids"],
+                "response_mask": h["chosen_mask"]}
 
+    def n_rows(self) -> tuple[int, int]:
+        return int(self.run.train["prompt_ids"].shape[0]), int(self.run.heldout["prompt_ids"].shape[0])
 
-def _meta(run: DPORun, guards) -> dict[str, Any]:
-    return {"guards": guards.state_dict(), "config": to_dict(run.cfg),
-            "data": {"n_train": int(run.train["prompt_ids"].shape[0]),
-                     "n_heldout": int(run.heldout["prompt_ids"].shape[0])}}
+    @property
+    def tokens_per_step(self) -> int:
+        return self._tokens_per_step
 
+    def before_step(self, state: DPOState, s: int):
+        return state, make_batch(self.run, int(state.data_cursor))
 
-def _rollback(run: DPORun, ckpt: Checkpointer, state: DPOState, step_no: int, mlog) -> DPOState:
-    # the NaN streak restarts whatever happens next (the NaN guard reads the device counts)
-    state = state.replace(nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
-    ckpt.wait()
-    verified_only = ckpt.newest_verified() is not None
-    res = ckpt.restore_newest(state, verified_only=verified_only)
-    if res.step is None and verified_only:
-        res = ckpt.restore_newest(state)
-    if res.step is None:
-        logger.warning("step %d: rollback requested but no checkpoint exists", step_no)
-        return state
-    good = res.state
-    mlog.event(step_no, "rollback_restored", f"restored checkpoint step {res.step}", checkpoint_step=int(res.step),
-               data_cursor=int(good.data_cursor))
-    return state.replace(**{k: getattr(good, k) for k in ROLLBACK_FIELDS},
-                         nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
+    def step(self, state: DPOState, batch):
+        return self.run.step(state, batch)
+
+    @property
+    def can_evaluate(self) -> bool:
+        return self.run.heldout["prompt_ids"].shape[0] > 0
+
+    def evaluate(self, params) -> dict[str, float]:
+        ev, _ = pair_metrics(self.run, params, self.run.heldout)
+        return {f"eval/{k}": v for k, v in ev.items()}
+
+    def meta(self) -> dict[str, Any]:
+        return {"data": {"n_train": int(self.run.train["prompt_ids"].shape[0]),
+                         "n_heldout": int(self.run.heldout["prompt_ids"].shape[0])}}
+
+    def summary(self, state: DPOState, out: Path) -> dict[str, Any]:
+        rep = self.run.report
+        return {"ref_logps_cache": rep.notes.get("behaviour_logprobs_cache", "off") if rep is not None else "off"}
+
+    def final_evaluation(self, state: DPOState, out: Path) -> dict[str, Any]:
+        """Final held-out pair accuracy (with a bootstrap interval over pairs), training-pair accuracy and the
+        reward evaluation."""
+        from jaxppo.trainer.evaluation import bootstrap_ci
+
+        run = self.run
+        summary: dict[str, Any] = {}
+        tr, _ = pair_metrics(run, state.actor, run.train)
+        summary.update({f"train/{k}": v for k, v in tr.items()})
+        if run.heldout["prompt_ids"].shape[0] > 0:
+            ev, right = pair_metrics(run, state.actor, run.heldout)
+            lo, hi = bootstrap_ci(np.zeros_like(right), right, seed=self.cfg.trainer.seed)
+            summary.update({f"eval/{k}": v for k, v in ev.items()})
+            summary["eval/rewards/accuracies_ci95"] = [lo, hi]
+        else:
+            logger.warning("no held-out pairs (data.eval_fraction=0?): no held-out pair accuracy")
+        _reward_eval(run, state, out, summary)
+        return summary
+
+    def plot(self, metrics_jsonl: Path, plots_dir: Path, summary: dict[str, Any]) -> list[Path]:
+        from jaxppo.trainer.dpo.plots import plot_dpo
+
+        return plot_dpo(metrics_jsonl, plots_dir, summary)
 
 
 def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
@@ -266,70 +314,18 @@ def train_dpo(cfg: Any, *, run: DPORun | None = None) -> dict[str, Any]:
 def fit_dpo(cfg: Any, *, run: DPORun | None = None) -> tuple[dict[str, Any], DPOState]:
     """:func:`train_dpo` that also returns the final ``DPOState``: ``(summary, state)``. ``run`` (default
     ``build_dpo_run(cfg)``) is only read: its ``state`` is the initial state."""
-    tc = cfg.trainer
-    rs = start_run(cfg, build_dpo_run, run)
-    # from here on only `state` is threaded, `run` is read-only
-    run, state, ckpt, guards, start, out = rs.run, rs.state, rs.ckpt, rs.guards, rs.start, rs.out
-    have_heldout = run.heldout["prompt_ids"].shape[0] > 0
-    if guards.ppl_baseline is None and have_heldout:
-        guards.check_perplexity(0, _ppl(run, state.actor))
-    mlog = metrics_logger(cfg, out, start, ckpt)
-    for bad_step, moved, why in rs.damaged:
-        mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}", checkpoint_step=bad_step,
-                   moved_to=str(moved))
-    if start == 0 and 0 not in ckpt.all_steps():   # already there when a run killed before its first step resumes
-        ckpt.save(0, state, _meta(run, guards), verified=have_heldout)
-    cursor = int(state.data_cursor)
-    tokens_per_step = run.cfg.dpo.batch_size * 2 * (run.train["prompt_ids"].shape[1]
-                                                    + run.train["chosen_ids"].shape[1])
-    t_train0 = time.perf_counter()
-    compile_s = None
-    try:
-        for s in range(start, tc.total_steps):
-            batch = make_batch(run, cursor)
-            t0 = time.perf_counter()
-            state, metrics = run.step(state, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            cursor += cfg.dpo.batch_size
-            dt = time.perf_counter() - t0
-            compile_s = dt if compile_s is None else compile_s
-            metrics["perf/step_time_s"] = dt
-            metrics["perf/throughput"] = tokens_per_step / max(dt, 1e-9)
-            step_no = s + 1
-            actions = guards.check_nan(step_no, *(int(x) for x in jax.device_get((state.nan_streak,
-                                                                                  state.nan_total))))
-            ppl_checked = have_heldout and step_no % cfg.guards.ppl_every == 0
-            if ppl_checked:
-                metrics["eval/perplexity"] = _ppl(run, state.actor)
-                actions += guards.check_perplexity(step_no, metrics["eval/perplexity"])
-            if tc.eval_every and step_no % tc.eval_every == 0 and have_heldout:
-                ev, _ = pair_metrics(run, state.actor, run.heldout)
-                metrics.update({f"eval/{k}": v for k, v in ev.items()})
-            actions += guards.check(step_no, metrics)
-            mlog.log(step_no, metrics)
-            for act in actions:
-                mlog.event(step_no, act.kind, act.message, **act.data)
-                if act.kind == "rollback":
-                    state = _rollback(run, ckpt, state, step_no, mlog)
-                    cursor = int(state.data_cursor)
-            verified = ppl_checked and not any(a.kind == "rollback" for a in actions)
-            if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified:
-                if not ckpt.save(step_no, state, _meta(run, guards), verified=verified):
-                    mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
-        ckpt.wait()
-    finally:
-        mlog.close()
-        ckpt.close()
-    timing = dict(setup_s=rs.t_setup, train_s=time.perf_counter() - t_train0, compile_s=compile_s or 0.0,
-                  start_step=start, t_start=rs.t_start)
-    return finish_dpo(run, state, out, timing), state
+    return fit_with(cfg, DPO, build_dpo_run, run)
 
 
 def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any]) -> None:
     """The PPO trainer's final before/after evaluation on the held-out prompts (module doc): the shared
     ``jaxppo.trainer.evaluation`` path (``heldout_eval``, ``final_summary``, ``write_eval_samples``)."""
     from jaxppo.models.eos import eos_ids
-    from jaxppo.trainer.evaluation import final_summary, heldout_eval, write_eval_samples
+    from jaxppo.trainer.evaluation import (
+        final_summary,
+        heldout_eval,
+        write_eval_samples,
+    )
 
     cfg = run.cfg
     rc = cfg.reward
@@ -351,44 +347,5 @@ def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any
     write_eval_samples(out / "eval_samples.jsonl", before, after)
 
 
-def finish_dpo(run: DPORun, state: DPOState, out: Path, timing: dict) -> dict[str, Any]:
-    """Final held-out pair accuracy (with a bootstrap interval over pairs), training-pair accuracy, the reward
-    evaluation, ``hf/`` export, plots and ``summary.json``."""
-    from jaxppo.trainer.evaluation import bootstrap_ci
-
-    cfg = run.cfg
-    summary: dict[str, Any] = {"steps": cfg.trainer.total_steps, "resumed_from": timing["start_step"],
-                               "n_train_pairs": int(run.train["prompt_ids"].shape[0]),
-                               "n_heldout_pairs": int(run.heldout["prompt_ids"].shape[0]),
-                               "nan_skipped_total": int(state.nan_total),
-                               "ref_logps_cache": (run.report.notes.get("behaviour_logprobs_cache", "off")
-                                                   if run.report is not None else "off"),
-                               "time/setup_s": timing["setup_s"], "time/train_s": timing["train_s"],
-                               "time/first_step_s": timing["compile_s"]}
-    t0 = time.perf_counter()
-    tr, right_tr = pair_metrics(run, state.actor, run.train)
-    summary.update({f"train/{k}": v for k, v in tr.items()})
-    if run.heldout["prompt_ids"].shape[0] > 0:
-        ev, right = pair_metrics(run, state.actor, run.heldout)
-        lo, hi = bootstrap_ci(np.zeros_like(right), right, seed=cfg.trainer.seed)
-        summary.update({f"eval/{k}": v for k, v in ev.items()})
-        summary["eval/rewards/accuracies_ci95"] = [lo, hi]
-    else:
-        logger.warning("no held-out pairs (data.eval_fraction=0?): no held-out pair accuracy")
-    _reward_eval(run, state, out, summary)
-    summary["time/eval_s"] = time.perf_counter() - t0
-    if cfg.trainer.save_hf:
-        from jaxppo.hf import save_pretrained
-
-        save_pretrained(run.policy(state.actor), out / "hf", tokenizer=run.tokenizer)
-    if cfg.trainer.plots and (out / "metrics.jsonl").is_file():
-        from jaxppo.trainer.dpo_plots import plot_dpo
-
-        summary["plots"] = [str(p) for p in plot_dpo(out / "metrics.jsonl", out / "plots", summary)]
-    summary["time/total_s"] = time.perf_counter() - timing["t_start"]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    return summary
-
-
-__all__ = ["DPORun", "build_dpo_run", "check_dpo_config", "finish_dpo", "fit_dpo", "load_pairs", "make_batch",
-           "pair_metrics", "reference_logps", "train_dpo"]
+__all__ = ["DPO", "DPORun", "ROLLBACK_FIELDS", "build_dpo_run", "check_dpo_config", "fit_dpo", "load_pairs",
+           "make_batch", "pair_metrics", "reference_logps", "train_dpo"]

@@ -1,4 +1,4 @@
-"""The typed buffer rows (``jaxppo.trainer.batch``): the abstract example, the numpy conversion from the data layer's
+"""The typed buffer rows (``jaxppo.trainer.ppo.batch``): the abstract example, the numpy conversion from the data layer's
 dict, and a replay buffer of ``BufferItem`` (add, sample, Orbax round trip, ``values`` None without a critic)."""
 
 from __future__ import annotations
@@ -10,8 +10,15 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jaxppo import replay
-from jaxppo.trainer.batch import (TRAJECTORY_DTYPES, BufferItem, Prepared, Trajectories, example_item,
-                                  trajectories_from_arrays, zero_prepared)
+from jaxppo.trainer.ppo.batch import (
+    TRAJECTORY_DTYPES,
+    BufferItem,
+    Prepared,
+    Trajectories,
+    example_item,
+    trajectories_from_arrays,
+    zero_prepared,
+)
 
 P, R = 3, 5
 

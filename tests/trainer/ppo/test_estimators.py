@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxppo.trainer.setup import build_run
+from jaxppo.trainer.ppo.hparams import step_hparams
+from jaxppo.trainer.ppo.setup import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -42,7 +43,7 @@ def test_critic_free_estimator_trains_without_a_critic(make_cfg, tmp_path, estim
     run = build_run(make_cfg(f"algorithm.adv_estimator={estimator}"), devices=jax.devices()[:1])
     assert run.state.critic is None and run.state.critic_opt is None and run.critic_gd is None
     assert run.state.replay.storage.prepared.values is None
-    assert run.hparams.replay.priority == "abs_advantage"
+    assert step_hparams(run.cfg).replay.priority == "abs_advantage"
     state = run.prepare(run.state)
     st = jax.device_get(state.replay.storage)
     d, adv = st.data, st.prepared.advantages
@@ -77,8 +78,8 @@ def test_critic_free_estimator_trains_without_a_critic(make_cfg, tmp_path, estim
 
 def _mean_logp(run, params, rows):
     """Per-row mean response log-prob of the training rows ``rows`` under ``params``."""
-    from jaxppo.trainer.batch import Tokens
-    from jaxppo.trainer.forward import logp_entropy, response_logits
+    from jaxppo.trainer.ppo.batch import Tokens
+    from jaxppo.trainer.ppo.forward import logp_entropy, response_logits
 
     tok = Tokens(**{k: jnp.asarray(run.train[k][rows]) for k in ("prompt_ids", "prompt_mask", "response_ids",
                                                                   "response_mask")})
@@ -126,7 +127,7 @@ def test_staleness_decay_in_the_step(make_cfg, monkeypatch):
     priorities, tree, parameters and metrics); decay.kind=sampled (rate 0.5): after one step every drawn item's
     sampling probability fell, its leaf is ``f·(p+ε)^α · 0.5^n`` with ``n`` its draw count, undrawn ones kept."""
     from jaxppo import replay as replay_lib
-    from jaxppo.trainer import steps as steps_mod
+    from jaxppo.trainer.ppo import steps as steps_mod
 
     cfg = make_cfg("critic.ppo_epochs=1")
     run = build_run(cfg, devices=jax.devices()[:1])
@@ -179,7 +180,7 @@ def test_pf_filter_dynamic_sampling_hand_case():
     """Groups 1 (scores 1, 1) and 3 (0.5, 0.5, 0.5) are constant, group 2 is not, group 4 has one row (kept,
     as DAPO): weights [0 0 1 1 0 0 0 1], 2 dropped groups; the filter off gives all 1 and 0 dropped."""
     from jaxppo.config import load_config
-    from jaxppo.trainer.prepare import pf_filter
+    from jaxppo.trainer.ppo.prepare import pf_filter
 
     score = np.array([1.0, 1.0, 0.2, 0.9, 0.5, 0.5, 0.5, 0.3], np.float32)
     gid = np.array([1, 1, 2, 2, 3, 3, 3, 4])

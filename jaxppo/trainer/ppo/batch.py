@@ -8,11 +8,11 @@ minibatch rows), ``P`` = prompt length (left-padded), ``R`` = response length (r
 * :class:`Trajectories` — the data rows (from the data layer's numpy dict, cast to :data:`TRAJECTORY_DTYPES`);
   fixed for the life of a buffer window.
 * :class:`Prepared` — what the prepare pass recomputes for every slot from the current policy/critic
-  (``jaxppo.trainer.prepare``); ``values`` is ``None`` without a critic (critic-free advantage estimators), so
+  (``jaxppo.trainer.ppo.prepare``); ``values`` is ``None`` without a critic (critic-free advantage estimators), so
   nothing is stored, sharded or checkpointed for it.
 
 The PF-PPO resample counts of a minibatch (``pf_ppo.reweight_method``) are not part of a row: the train step
-passes them to the loss terms as an explicit ``counts`` argument (``jaxppo.trainer.steps``).
+passes them to the loss terms as an explicit ``counts`` argument (``jaxppo.trainer.ppo.steps``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxppo.config import load_config
-from jaxppo.trainer.hparams import step_hparams
+from jaxppo.trainer.ppo.hparams import step_hparams
 from tests.trainer._batch import as_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -42,7 +42,7 @@ def _batch(seed, b=4, r=8, v=6):
 
 
 def _loss_and_grad(hp, logits, items, w, jit):
-    from jaxppo.trainer.steps import actor_terms
+    from jaxppo.trainer.ppo.steps import actor_terms
 
     fn = jax.value_and_grad(lambda lg, it, ww: actor_terms(hp, lg, it, ww)[0])
     return (jax.jit(fn) if jit else fn)(logits, as_batch(items), w)
@@ -94,7 +94,7 @@ def test_rejection_mask_removes_tokens_from_the_loss(jit):
     l_want, _ = _loss_and_grad(plain, logits, masked, w, jit)
     assert float(l_rs) == pytest.approx(float(l_want), rel=1e-5)
     assert np.abs(np.asarray(g_rs)[~keep]).max() == 0.0 and np.abs(np.asarray(g_rs)[keep]).max() > 0
-    from jaxppo.trainer.steps import actor_terms
+    from jaxppo.trainer.ppo.steps import actor_terms
 
     _, aux = actor_terms(rs, logits, as_batch(items), w)
     assert float(aux["rollout_corr/rollout_rs_masked_fraction"]) == pytest.approx((m & ~keep).sum() / m.sum(),
@@ -104,7 +104,7 @@ def test_rejection_mask_removes_tokens_from_the_loss(jit):
 def test_rollout_corr_metrics_hand_values():
     """rollout_corr/kl = E_t[−(prox − μ)], chi2_token = E_t[exp(2(prox − μ))] − 1, rollout_is_mean = E_t[min(ρ, 2)]
     (the applied TIS weights, verl 0.9.1; numpy); no rollout_corr/* without the config keys."""
-    from jaxppo.trainer.steps import actor_terms
+    from jaxppo.trainer.ppo.steps import actor_terms
 
     items, logits, w = _batch(2)
     hp = _hp("importance.enabled=false", f"{RC}rollout_is=token", f"{RC}rollout_is_threshold=2.0")
@@ -124,7 +124,7 @@ def test_trainer_logs_rollout_corr_metrics(make_cfg):
     rollout_corr/* (finite)."""
     import jax as _jax
 
-    from jaxppo.trainer.setup import build_run
+    from jaxppo.trainer.ppo.setup import build_run
 
     run = build_run(make_cfg("importance.enabled=false", f"{RC}rollout_is=sequence",
                              f"{RC}rollout_is_threshold=0.1_10.0", f"{RC}rollout_rs=seq_mean_k3",
