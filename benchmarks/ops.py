@@ -182,7 +182,8 @@ def main() -> None:
     for row in rows:
         err = "" if row["max_abs_err_vs_loop"] is None else f"{row['max_abs_err_vs_loop']:.1e}"
         print(f"{row['T']:>5} {row['variant']:<18} {row['mask']:<7} {row['ms_median']:>9.3f} "
-              f"{row['speedup_vs_loop_numpy']:>8.1f} {row['speedup_vs_loop_torch']:>8.1f} {row['effective_GBps']:>6.1f} {row['x_stream_floor']:>7.2f} "
+              f"{row['speedup_vs_loop_numpy']:>8.1f} {row['speedup_vs_loop_torch']:>8.1f} "
+              f"{row['effective_GBps']:>6.1f} {row['x_stream_floor']:>7.2f} "
               f"{err:>8}")
     result = {
         "benchmark": "gae", "batch": B, "dtype": "float32", "gamma": GAMMA, "lam": LAM,

@@ -345,7 +345,7 @@ def test_smollm2_template_on_hh_pairs_for_reward_models_and_dpo(multi_turn, smol
     a = tokenize_preference(pairs, tok, max_prompt_length=1024, max_response_length=256, truncation="error")
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     for n, r in enumerate(multi_turn[:4]):
-        full_c, full_r = hh_chatml(r["chosen"]), hh_chatml(r["rejected"])
+        full_c = hh_chatml(r["chosen"])
         cut = full_c.rindex("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
         # SmolLM2's template adds its default system turn when the conversation has none
         assert a["prompt_ids"][n][a["prompt_mask"][n] == 1].tolist() == _ids(tok, SMOL_SYSTEM + full_c[:cut])

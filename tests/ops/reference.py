@@ -452,10 +452,10 @@ def rejection_keep(log_ratio, mask, criteria):
 
         def k(i, t):
             x = min(max(lr[i, t], -20.0), 20.0)
-            return {"k1": -x, "k2": 0.5 * x * x, "k3": math.exp(x) - 1 - x}[kind]
+            return {"k1": -x, "k2": 0.5 * x * x, "k3": math.exp(x) - 1 - x}[kind]  # noqa: B023
 
         def ok(v):
-            return (math.log(lower) <= v <= math.log(upper)) if lower is not None else v <= upper
+            return (math.log(lower) <= v <= math.log(upper)) if lower is not None else v <= upper  # noqa: B023
 
         keep = np.ones((b, t_len), bool)
         stat = np.zeros((b, t_len))

@@ -75,7 +75,8 @@ def test_resume_truncates_to_checkpoint_and_equals_uninterrupted(tmp_path, half_
     ref, res = tmp_path / "ref", tmp_path / "res"
     _run(ref, 10)
     killed = _run(res, 10, kill_after=8)  # "checkpoint" at step 6, killed after logging step 8
-    killed._metrics.close(); killed._events.close()
+    killed._metrics.close()
+    killed._events.close()
     if half_line:  # SIGKILL in the middle of a write
         with open(res / "metrics.jsonl", "a") as f:
             f.write('{"step": 9, "m": 8')

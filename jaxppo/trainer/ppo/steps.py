@@ -288,7 +288,7 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
             norms.append(optax.global_norm(gi))
             u, o = tx.update(gi, o, p)
             if sc is not None:
-                u = jax.tree.map(lambda x: x * sc.astype(x.dtype), u)
+                u = jax.tree.map(lambda x: x * sc.astype(x.dtype), u)  # noqa: B023 (used in this iteration)
             new_p.append(optax.apply_updates(p, u))
             new_o.append(o)
         return tuple(new_p), tuple(new_o), aux, prio, tuple(norms)
