@@ -87,7 +87,7 @@ def test_priority_hand_case(ns, jit):
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_policy_loss_hand_case(ns, jit):
-    from jaxppo.trainer.hparams import ActorHP
+    from jaxppo.trainer.ppo.hparams import ActorHP
 
     hp = ActorHP(clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean", entropy_coeff=0.0, use_kl_loss=False,
                  kl_loss_coef=0.0, kl_loss_type="k1", kl_penalty="kl", policy_loss="unclipped")

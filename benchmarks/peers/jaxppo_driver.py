@@ -49,7 +49,7 @@ def export(work: str, layers: int, rope_theta: float) -> Path:
 def _optimizer(hp: dict):
     from types import SimpleNamespace
 
-    from jaxppo.trainer.state import make_optimizer
+    from jaxppo.optim import make_optimizer
     o = SimpleNamespace(lr=hp["lr"], warmup_steps=0, schedule="constant", min_lr_ratio=1.0,
                         betas=(hp["adam_b1"], hp["adam_b2"]), eps=hp["adam_eps"], weight_decay=hp["weight_decay"],
                         grad_clip=hp["grad_clip"])
@@ -90,8 +90,8 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         return loss, {}, lambda: jax.block_until_ready(step(params, ids)), versions, notes
 
     if task == "dpo":
-        from jaxppo.trainer.dpo_step import DPOHParams, DPOState, make_dpo_step
-        from jaxppo.trainer.state import split_params
+        from jaxppo.trainer.dpo.step import DPOHParams, DPOState, make_dpo_step
+        from jaxppo.optim import split_params
         graphdef, params = split_params(model)
         tx = _optimizer(hp)
         dhp = DPOHParams(beta=hp["dpo_beta"], loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0,
@@ -128,8 +128,8 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
     import numpy as np
 
     from jaxppo import ops
-    from jaxppo.trainer.batch import BufferItem, Prepared, Trajectories
-    from jaxppo.trainer.hparams import (
+    from jaxppo.trainer.ppo.batch import BufferItem, Prepared, Trajectories
+    from jaxppo.trainer.ppo.hparams import (
         PFHP,
         ActorHP,
         AdvantageHP,
@@ -139,8 +139,9 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
         RolloutCorrHP,
         StepHP,
     )
-    from jaxppo.trainer.state import make_critic, split_params
-    from jaxppo.trainer.steps import make_phases, make_update, run_epochs
+    from jaxppo.optim import split_params
+    from jaxppo.trainer.ppo.state import make_critic
+    from jaxppo.trainer.ppo.steps import make_phases, make_update, run_epochs
 
     s = spec["shapes"]
     B, R = s["rl_batch"], s["rl_response"]
