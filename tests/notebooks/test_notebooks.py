@@ -47,7 +47,7 @@ def test_notebook_parameters_cell(name):
 @pytest.mark.parametrize("profile", ["ci", "extended", None])
 def test_sweep_files_plan(sweep, profile, monkeypatch):
     """Every run of every profile loads its config (unknown key or bad value -> SweepError); the ci profiles
-    stay toy-sized: <= 3 variants, 2 seeds, <= 4 update steps."""
+    stay toy-sized: <= 5 variants, 2 seeds, <= 4 update steps."""
     from jaxppo.sweeps.spec import load_sweep, plan_runs
 
     monkeypatch.chdir(REPO)
@@ -56,7 +56,7 @@ def test_sweep_files_plan(sweep, profile, monkeypatch):
     runs = plan_runs(spec)
     assert runs and {r.variant for r in runs} == set(spec.variants)
     if profile == "ci":
-        assert len(spec.variants) <= 3 and len(spec.seeds) == 2
+        assert len(spec.variants) <= 5 and len(spec.seeds) == 2
         assert all(r.total_steps <= 4 for r in runs)
     else:
         assert len(spec.seeds) >= 5 and all(r.total_steps == 40 for r in runs)
