@@ -74,3 +74,26 @@ def tree_from_host(tree: Any, shardings: Any) -> Any:
     if isinstance(shardings, Sharding):
         return jax.tree.map(lambda x: from_host(x, shardings), tree)
     return jax.tree.map(from_host, tree, shardings)
+
+
+def all_processes(flag: bool) -> bool:
+    """True when ``flag`` is True on every process (a collective: call it on all of them); ``flag`` on one.
+
+    For decisions that change which collectives run next (e.g. "every process found the cache"): if any
+    process disagrees, all take the same branch.
+    """
+    if jax.process_count() == 1:
+        return bool(flag)
+    flags = multihost_utils.process_allgather(np.asarray(bool(flag), np.int32))
+    return bool(np.all(np.asarray(flags)))
+
+
+def broadcast_from_main(tree: Any) -> Any:
+    """Process 0's value of ``tree`` (numpy leaves) on every process; ``tree`` itself on one process.
+
+    For decisions that process 0 makes (which checkpoint to restore, whether to roll back) and every other
+    process must follow.
+    """
+    if jax.process_count() == 1:
+        return tree
+    return to_host(multihost_utils.broadcast_one_to_all(tree))

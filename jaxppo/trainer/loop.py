@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import to_dict
+from jaxppo.parallel.host import is_main_process, to_host
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.run_dir import metrics_logger, start_run
 from jaxppo.trainer.setup import Run, build_run, load_window
@@ -164,8 +165,8 @@ def fit(cfg: Any, *, run: Run | None = None) -> tuple[dict[str, Any], Any]:
                 state = run.prepare(state)
             t0 = time.perf_counter()
             state, metrics = run.step(state)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            nan_streak, nan_total = (int(x) for x in jax.device_get((state.nan_streak, state.nan_total)))
+            metrics = {k: float(v) for k, v in to_host(metrics).items()}
+            nan_streak, nan_total = (int(x) for x in to_host((state.nan_streak, state.nan_total)))
             dt = time.perf_counter() - t0
             if compile_s is None:
                 compile_s = dt
@@ -220,8 +221,8 @@ def _apply_action(run: Run, ckpt: Checkpointer, state, act, step_no: int, mlog=N
 
     kind = act.kind
     if kind == "lower_lr":
-        scale = cut_lr_scale(float(state.lr_scale), act.data, run.cfg.actor.optim.lr)
-        logger.warning("step %d: actor LR scale %.4g -> %.4g", step_no, float(state.lr_scale), scale)
+        scale = cut_lr_scale(float(to_host(state.lr_scale)), act.data, run.cfg.actor.optim.lr)
+        logger.warning("step %d: actor LR scale %.4g -> %.4g", step_no, float(to_host(state.lr_scale)), scale)
         return state.replace(lr_scale=jax.device_put(jnp.float32(scale), state.lr_scale.sharding))
     if kind == "rollback":
         # the NaN streak restarts whatever happens next (the guard reads it from the state)
@@ -249,7 +250,7 @@ def _apply_action(run: Run, ckpt: Checkpointer, state, act, step_no: int, mlog=N
         if mlog is not None:
             mlog.event(step_no, "rollback_restored", f"restored checkpoint step {res.step}"
                        f"{' (verified)' if verified_only else ' (not verified: no verified checkpoint)'}",
-                       checkpoint_step=int(res.step), verified=verified_only, data_cursor=int(good.data_cursor))
+                       checkpoint_step=int(res.step), verified=verified_only, data_cursor=int(to_host(good.data_cursor)))
         # re-prepare with the restored policy (the checkpoint's buffer may predate its prepare pass)
         return run.prepare(_restore_fields(state, good))
     return state  # warnings only
@@ -262,7 +263,7 @@ def _finish(run: Run, state, evals: _Evaluations, out: Path, timing: dict) -> di
     summary: dict[str, Any] = {"steps": cfg.trainer.total_steps, "resumed_from": timing["start_step"],
                                "n_train": int(run.train["prompt_ids"].shape[0]),
                                "n_heldout": int(run.heldout["prompt_ids"].shape[0]),
-                               "nan_skipped_total": int(state.nan_total),
+                               "nan_skipped_total": int(to_host(state.nan_total)),
                                "train/samples_consumed": int(cfg.trainer.total_steps
                                                              * cfg.actor.ppo_mini_batch_size),
                                "train/tokens_consumed": float(timing["tokens_consumed"]),
@@ -282,10 +283,11 @@ def _finish(run: Run, state, evals: _Evaluations, out: Path, timing: dict) -> di
         from jaxppo.hf import save_pretrained
 
         save_pretrained(run.policy(state.actor), out / "hf", tokenizer=run.tokenizer)
-    if cfg.trainer.plots and (out / "metrics.jsonl").is_file():
+    if cfg.trainer.plots and is_main_process() and (out / "metrics.jsonl").is_file():
         from jaxppo.trainer.plots import plot_metrics
 
         summary["plots"] = [str(p) for p in plot_metrics(out / "metrics.jsonl", out / "plots", summary=summary)]
     summary["time/total_s"] = time.perf_counter() - timing["t_start"]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if is_main_process():
+        (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jaxppo.config import ConfigError, to_dict
+from jaxppo.parallel.host import is_main_process
 from jaxppo.trainer.checkpoint import Checkpointer
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -52,7 +53,8 @@ def start_run(cfg: Any, build: Callable[[Any], Any], run: Any = None) -> RunStar
     tc = cfg.trainer
     out = Path(tc.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
+    if is_main_process():
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
     run = build(cfg) if run is None else run
     t_setup = time.perf_counter() - t_start
     state = run.state
