@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     module, rest = split_command(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if os.environ.get("JAXPPO_DISTRIBUTED", "1") != "0" and not any(a in ("-h", "--help") for a in rest):
         import jax
 
@@ -83,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         # both wait forever. Set before the CPU client exists; no effect on GPU/TPU.
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         jax.distributed.initialize(**kw)
+        from jaxppo.parallel.host import use_distributed_barriers
+
+        use_distributed_barriers()
         _tag_logs(jax.process_index(), jax.process_count())
         print(f"jax.distributed: process {jax.process_index()}/{jax.process_count()}, "
               f"{jax.local_device_count()} local / {jax.device_count()} global devices", file=sys.stderr)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return importlib.import_module(module).main(rest)
 
 

@@ -97,3 +97,18 @@ def broadcast_from_main(tree: Any) -> Any:
     if jax.process_count() == 1:
         return tree
     return to_host(multihost_utils.broadcast_one_to_all(tree))
+
+
+def use_distributed_barriers() -> None:
+    """Make Orbax wait at its barriers through the ``jax.distributed`` coordination service instead of an
+    XLA all-reduce (its default when absl flags are not parsed).
+
+    A collective barrier is a program like any other: run from Orbax's background commit thread it can
+    interleave differently with the training programs on each process, and over CPU (gloo) collectives both
+    processes then wait forever (seen here with 2 processes: one in the barrier, one in a reduction).
+    """
+    from absl import flags
+
+    import orbax.checkpoint  # noqa: F401  (defines the flag)
+
+    flags.FLAGS(["jaxppo", "--experimental_orbax_use_distributed_barrier=true"], known_only=True)
