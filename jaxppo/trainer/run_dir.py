@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+
 from jaxppo.config import ConfigError, to_dict
 from jaxppo.parallel.host import is_main_process
 from jaxppo.trainer.checkpoint import Checkpointer
@@ -58,7 +60,9 @@ def start_run(cfg: Any, build: Callable[[Any], Any], run: Any = None) -> RunStar
     run = build(cfg) if run is None else run
     t_setup = time.perf_counter() - t_start
     state = run.state
-    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=True)
+    # several processes: synchronous saves (Orbax's background commit interleaved with the training programs
+    # differently on each process and deadlocked 2 CPU processes)
+    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=jax.process_count() == 1)
     guards = Guards(cfg.guards)
     start, meta = 0, {}
     if tc.resume == "never" and ckpt.all_steps():

@@ -144,8 +144,15 @@ def shardings_of(state: TrainState):
 
 def param_finite(state: TrainState) -> bool:
     """True when every actor/critic parameter is finite (checked before a checkpoint is written)."""
-    leaves = jax.tree.leaves((state.actor, state.critic))
-    return bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
+    from jaxppo.parallel.host import to_host
+
+    return bool(to_host(_all_finite((state.actor, state.critic))))
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """One program (the same on every process) that reduces every leaf to a single replicated bool."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _is_abstract(tree) -> bool:
