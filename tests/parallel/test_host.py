@@ -89,3 +89,11 @@ def test_host_scalar(mesh):
 
 def test_single_process_identity():
     assert process_index() == 0 and is_main_process()
+
+
+def test_decisions_on_one_process():
+    from jaxppo.parallel import all_processes, broadcast_from_main
+
+    assert all_processes(True) is True and all_processes(False) is False
+    tree = {"step": np.int32(7), "ok": np.bool_(True)}
+    assert broadcast_from_main(tree) is tree
