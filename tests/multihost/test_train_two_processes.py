@@ -108,3 +108,34 @@ def test_hf_export_same_logits(two_runs):
         l1 = AutoModelForCausalLM.from_pretrained(one / "hf").eval()(ids).logits.numpy()
         l2 = AutoModelForCausalLM.from_pretrained(two / "hf").eval()(ids).logits.numpy()
     np.testing.assert_allclose(l2, l1, rtol=1e-4, atol=1e-4)
+
+
+def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data):
+    """Both processes SIGKILLed once checkpoint 5 exists; restarted (resume=auto): the same metrics as the
+    uninterrupted 2-process run."""
+    import signal
+    import time
+
+    _, two, _ = two_runs
+    out = tmp_path / "killed"
+    env = {"JAXPPO_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out))
+    ps = procs.start(cmd, n=2, devices=4, logdir=tmp_path / "logs1", env=env)
+    t0 = time.monotonic()
+    while not (out / "checkpoints" / "5").is_dir():
+        assert time.monotonic() - t0 < 1200 and all(p.poll() is None for p, _, _ in ps), "no checkpoint 5"
+        time.sleep(0.5)
+    time.sleep(2.0)
+    for p, _, _ in ps:
+        p.send_signal(signal.SIGKILL)
+    for p, _, _ in ps:
+        p.wait()
+    assert not (out / "summary.json").exists()
+    res = procs.run(cmd, n=2, devices=4, timeout=1200, logdir=tmp_path / "logs2", env=env)
+    assert all(r.returncode == 0 for r in res), "\n".join(r.describe() for r in res)
+    m_ref, m_res = _metrics(two), _metrics(out)
+    assert sorted(m_res) == sorted(m_ref)
+    for step in m_ref:
+        for k in KEYS:
+            assert m_res[step][k] == m_ref[step][k], (step, k)
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == 5
