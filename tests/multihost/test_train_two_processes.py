@@ -27,12 +27,13 @@ def smoke_data(tmp_path_factory, stories_model) -> Path:
     """The smoke config's dataset (40 story openings x 4 samples, VADER), collected once in this process."""
     from jaxppo.collect import collect
     from jaxppo.config import load_config
+    from jaxppo.rewards import reward_fn_from_config
 
     out = tmp_path_factory.mktemp("smoke_data")
     cfg = load_config(str(REPO / "configs/smoke.yaml"), [
         f"model.path={stories_model}", f"rollout.prompts={REPO / 'configs/prompts/story_openings.txt'}",
         "rollout.max_prompts=40", "rollout.batch_size=40", f"trainer.output_dir={out}"])
-    collect(cfg, progress=False)
+    collect(cfg, reward_fn_from_config(cfg.reward), progress=False)
     return out / "data.jsonl"
 
 
