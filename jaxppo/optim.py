@@ -111,9 +111,17 @@ def shardings_of(state: Any):
 
 def param_finite(state: Any) -> bool:
     """True when every parameter of ``state.actor`` (and ``state.critic`` where the state has one) is finite
-    (checked before a checkpoint is written)."""
-    leaves = jax.tree.leaves((state.actor, getattr(state, "critic", None)))
-    return bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
+    (checked before a checkpoint is written). One jitted program, the same on every process, read with
+    ``to_host`` (a global array that spans several processes cannot be read with ``bool``)."""
+    from jaxppo.parallel.host import to_host
+
+    return bool(to_host(_all_finite((state.actor, getattr(state, "critic", None)))))
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """One program (the same on every process) that reduces every leaf to a single replicated bool."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _is_abstract(tree) -> bool:

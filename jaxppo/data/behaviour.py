@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from jaxppo.data.report import DataReport
+from jaxppo.parallel.host import all_processes, to_host
 
 logger = logging.getLogger("jaxppo.data")
 
@@ -73,7 +74,7 @@ def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarra
         if m < bs:  # keep one compiled shape
             chunk = [np.concatenate([c, np.repeat(c[:1], bs - m, axis=0)]) for c in chunk]
         lp = fn(graphdef, state, *chunk)
-        out.append(np.asarray(lp)[:m])
+        out.append(to_host(lp)[:m])
     return np.concatenate(out).astype(np.float32)
 
 
@@ -188,6 +189,8 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
     path = Path(cache_dir) / f"behaviour-{key[:32]}.safetensors" if cache_dir is not None else None
     shape = (int(missing.size), int(arrays["response_ids"].shape[1]))
     lp = _read_cache(path, key, shape) if path is not None and path.is_file() else None
+    if not all_processes(lp is not None):  # computing is collective: all processes compute or none does
+        lp = None
     hit = lp is not None
     if lp is None:
         if model is None:

@@ -10,20 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from jaxppo.hf.load import _resolve
 from jaxppo.hf.mapping import expected_names
 from jaxppo.hf.safetensors_io import save_file
 from jaxppo.models.transformer import CausalLM
-
-
-def _host(x) -> np.ndarray:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-        x = multihost_utils.process_allgather(x, tiled=True)
-    return np.asarray(jax.device_get(x))
+from jaxppo.parallel.host import is_main_process, to_host
 
 
 def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
@@ -31,11 +24,16 @@ def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
     """Write ``model`` (weights in its parameter dtype) to ``out_dir`` for ``AutoModelForCausalLM``.
 
     ``tokenizer``: a transformers tokenizer whose files are saved alongside. Returns ``out_dir``.
+
+    Several processes (``jax.distributed``): call it on every process; each tensor is all-gathered in the
+    same order everywhere and only process 0 writes files.
     """
     if not isinstance(model, CausalLM):
         raise TypeError(f"save_pretrained expects a jaxppo CausalLM, got {type(model).__name__}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    main = is_main_process()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     entries = []  # (hf name, shape, dtype, map, layer)
     for name, (m, layer) in expected_names(cfg).items():
@@ -47,7 +45,7 @@ def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
     def produce(name):
         _, _, dt, m, layer = by_name[name]
         value = _resolve(model, m.ours).get_value()
-        arr = _host(value[layer] if layer is not None else value)
+        arr = to_host(value[layer] if layer is not None else value)
         return np.ascontiguousarray(m.to_hf(arr)).astype(dt, copy=False)
 
     shards: list[list] = [[]]
@@ -59,6 +57,11 @@ def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
             size = 0
         shards[-1].append(e)
         size += nbytes
+    if not main:  # take part in the gathers (collectives), in the file order process 0 uses; write nothing
+        for group in shards:
+            for e in group:
+                produce(e[0])
+        return out
     for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
         old.unlink()
     if len(shards) == 1:

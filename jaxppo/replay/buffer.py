@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxppo.parallel.host import to_host
 from jaxppo.parallel.mesh import batch_divisor
 from jaxppo.replay import staleness
 from jaxppo.replay import tree as tree_lib
@@ -45,7 +46,7 @@ def _batch_len(name: str, x: Any) -> int:
 
 
 def _check_finite(name: str, x: Any) -> None:
-    if is_concrete(x) and not bool(np.all(np.isfinite(np.asarray(x)))):
+    if is_concrete(x) and not bool(np.all(np.isfinite(to_host(x)))):
         raise ValueError(f"replay {name} contains NaN or inf values")
 
 
@@ -56,10 +57,10 @@ def _write_priorities(state: ReplayState, indices: jax.Array, stored: jax.Array)
 
 def _check_indices(state: ReplayState, indices: Any) -> None:
     if is_concrete(indices, state.size):
-        idx = np.asarray(indices)
+        idx = np.asarray(to_host(indices))
         if not np.issubdtype(idx.dtype, np.integer):
             raise ValueError(f"replay indices must be integers, got dtype {idx.dtype}")
-        size = int(state.size)
+        size = int(to_host(state.size))
         bad = (idx < 0) | (idx >= size)
         if bad.any():
             raise ValueError(f"replay indices {idx[bad][:5].tolist()} are not filled slots "
@@ -135,7 +136,7 @@ def set_priorities(state: ReplayState, indices: jax.Array, priorities: jax.Array
                          f"{np.shape(priorities)[0]}")
     _check_indices(state, indices)
     _check_finite("priorities", priorities)
-    if is_concrete(priorities) and bool(np.any(np.asarray(priorities) < 0)):
+    if is_concrete(priorities) and bool(np.any(to_host(priorities) < 0)):
         raise ValueError("replay set_priorities: stored priorities must be >= 0")
     return _set_stored(state, jnp.asarray(indices), jnp.asarray(priorities), bool(refresh))
 
@@ -234,14 +235,14 @@ def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float |
         raise ValueError(f"replay sample: batch_size must be a positive integer, got {batch_size!r}")
     batch_size = int(batch_size)
     if is_concrete(beta):
-        bv = float(np.asarray(beta))
+        bv = float(to_host(beta))
         if not 0.0 <= bv <= 1.0:
             raise ValueError(f"replay sample: beta must be in [0, 1], got {bv}")
-    if is_concrete(state.tree) and not bool(np.asarray(state.tree)[0].max(initial=0.0) > 0):
+    if is_concrete(state.tree) and not bool(to_host(state.tree)[0].max(initial=0.0) > 0):
         raise ValueError("replay sample: the buffer holds no item with a positive priority (empty buffer?)")
-    if is_concrete(state.size) and batch_size > int(state.size):
+    if is_concrete(state.size) and batch_size > int(to_host(state.size)):
         raise ValueError(f"replay sample: batch_size={batch_size} exceeds the number of filled slots "
-                         f"(size={int(state.size)}); add more items or sample a smaller batch")
+                         f"(size={int(to_host(state.size))}); add more items or sample a smaller batch")
     return _sample_core(state, key, jnp.asarray(beta, jnp.float32), batch_size)
 
 

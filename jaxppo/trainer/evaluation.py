@@ -38,6 +38,7 @@ import numpy as np
 from flax import nnx
 
 from jaxppo.data.behaviour import compute_behaviour_logprobs, response_logprobs
+from jaxppo.parallel.host import is_main_process, to_host
 
 _BOOT_CHUNK = 256  # resamples drawn at a time (bounded memory; the result does not depend on it)
 
@@ -125,15 +126,6 @@ def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batc
     return float(np.exp(-(lp * mask).sum() / ntok))
 
 
-def _host(x) -> np.ndarray:
-    """``x`` as a NumPy array; a global array spread over several processes is all-gathered first."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
 def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     return x if x.shape[0] == rows else np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], axis=0)])
 
@@ -209,10 +201,10 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
         # policy is the reference itself (the "before" evaluation); its KL is then exactly 0
         ref_lp = pol_lp if same else _logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
         num, den = _kl_sums(pol_lp, ref_lp, r_mask)
-        tokens.append(_host(r_ids)[:m])
-        masks.append(_host(r_mask)[:m])
-        kl_num.append(_host(num).astype(np.float64)[:m])
-        kl_den.append(_host(den).astype(np.float64)[:m])
+        tokens.append(to_host(r_ids)[:m])
+        masks.append(to_host(r_mask)[:m])
+        kl_num.append(to_host(num).astype(np.float64)[:m])
+        kl_den.append(to_host(den).astype(np.float64)[:m])
     tokens_np = np.concatenate(tokens)
     masks_np = np.concatenate(masks)
     lengths = masks_np.sum(axis=1)
@@ -256,7 +248,7 @@ def generated_length(model: nnx.Module, prompt_ids: np.ndarray, prompt_mask: np.
         out = generate(model, jnp.asarray(p_ids), jnp.asarray(p_mask), jax.random.PRNGKey(0),
                        max_new_tokens=max_new_tokens, temperature=0.0, eos_token_id=eos_token_id,
                        pad_token_id=pad_token_id)
-        total += float(_host(out.mask)[:m].sum())
+        total += float(to_host(out.mask)[:m].sum())
     return total / n
 
 
@@ -345,6 +337,8 @@ def write_eval_samples(path: str | Path, before: Mapping[str, Any], after: Mappi
     """``eval_samples.jsonl``: one line a sample, ``prompt``, the two responses and their rewards. Keys are
     ``{response_prefix}{name}`` and ``reward_{name}`` for ``name`` in ``names`` (the trainers: ``before``/
     ``after``; ``jaxppo.evaluate``: ``response_policy``/``response_reference``)."""
+    if not is_main_process():
+        return
     rb, ra = np.asarray(before["rewards"], np.float64), np.asarray(after["rewards"], np.float64)
     nb, na = names
     with open(path, "w", encoding="utf-8") as fh:

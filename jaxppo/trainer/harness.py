@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import to_dict
+from jaxppo.parallel.host import is_main_process, to_host
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.run_dir import RunStart, metrics_logger, start_run
 
@@ -198,7 +199,7 @@ def rollback(algo: Algorithm, ckpt: Checkpointer, state: Any, step_no: int, mlog
     if mlog is not None:
         mlog.event(step_no, "rollback_restored", f"restored checkpoint step {res.step}"
                    f"{' (verified)' if verified_only else ' (not verified: no verified checkpoint)'}",
-                   checkpoint_step=int(res.step), verified=verified_only, data_cursor=int(good.data_cursor))
+                   checkpoint_step=int(res.step), verified=verified_only, data_cursor=int(to_host(good.data_cursor)))
     return algo.after_rollback(restore_fields(state, good, algo.rollback_fields))
 
 
@@ -208,8 +209,8 @@ def apply_action(algo: Algorithm, ckpt: Checkpointer, state: Any, act: Any, step
     from jaxppo.trainer.guards import cut_lr_scale
 
     if act.kind == "lower_lr":
-        scale = cut_lr_scale(float(state.lr_scale), act.data, algo.cfg.actor.optim.lr)
-        logger.warning("step %d: actor LR scale %.4g -> %.4g", step_no, float(state.lr_scale), scale)
+        scale = cut_lr_scale(float(to_host(state.lr_scale)), act.data, algo.cfg.actor.optim.lr)
+        logger.warning("step %d: actor LR scale %.4g -> %.4g", step_no, float(to_host(state.lr_scale)), scale)
         return state.replace(lr_scale=jax.device_put(jnp.float32(scale), state.lr_scale.sharding))
     if act.kind == "rollback":
         return rollback(algo, ckpt, state, step_no, mlog)
@@ -253,8 +254,8 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
             state, batch = algo.before_step(state, s)
             t0 = time.perf_counter()
             state, metrics = algo.step(state, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            nan_streak, nan_total = (int(x) for x in jax.device_get((state.nan_streak, state.nan_total)))
+            metrics = {k: float(v) for k, v in to_host(metrics).items()}
+            nan_streak, nan_total = (int(x) for x in to_host((state.nan_streak, state.nan_total)))
             dt = time.perf_counter() - t0
             compile_s = dt if compile_s is None else compile_s
             step_no = s + 1
@@ -295,7 +296,7 @@ def finish(algo: Algorithm, state: Any, out: Path, timing: dict[str, Any]) -> di
     n_train, n_heldout = algo.n_rows()
     summary: dict[str, Any] = {"steps": cfg.trainer.total_steps, "resumed_from": timing["start_step"],
                                algo.count_names[0]: int(n_train), algo.count_names[1]: int(n_heldout),
-                               "nan_skipped_total": int(state.nan_total), **algo.summary(state, out),
+                               "nan_skipped_total": int(to_host(state.nan_total)), **algo.summary(state, out),
                                **timing.get("data", {}),
                                "time/setup_s": timing["setup_s"], "time/train_s": timing["train_s"],
                                "time/first_step_s": timing["compile_s"]}
@@ -306,10 +307,11 @@ def finish(algo: Algorithm, state: Any, out: Path, timing: dict[str, Any]) -> di
         from jaxppo.hf import save_pretrained
 
         save_pretrained(algo.run.policy(state.actor), out / "hf", tokenizer=algo.run.tokenizer)
-    if cfg.trainer.plots and (out / "metrics.jsonl").is_file():
+    if cfg.trainer.plots and is_main_process() and (out / "metrics.jsonl").is_file():
         summary["plots"] = [str(p) for p in algo.plot(out / "metrics.jsonl", out / "plots", summary)]
     summary["time/total_s"] = time.perf_counter() - timing["t_start"]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    if is_main_process():
+        (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
 

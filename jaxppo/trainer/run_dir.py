@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+
 from jaxppo.config import ConfigError, to_dict
+from jaxppo.parallel.host import is_main_process
 from jaxppo.trainer.checkpoint import Checkpointer
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -52,11 +55,14 @@ def start_run(cfg: Any, build: Callable[[Any], Any], run: Any = None) -> RunStar
     tc = cfg.trainer
     out = Path(tc.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
+    if is_main_process():
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
     run = build(cfg) if run is None else run
     t_setup = time.perf_counter() - t_start
     state = run.state
-    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=True)
+    # several processes: synchronous saves (Orbax's background commit interleaved with the training programs
+    # differently on each process and deadlocked 2 CPU processes)
+    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=jax.process_count() == 1)
     guards = Guards(cfg.guards)
     start, meta = 0, {}
     if tc.resume == "never" and ckpt.all_steps():

@@ -1,0 +1,89 @@
+"""Launch N real Python processes joined by ``jax.distributed`` on CPU (127.0.0.1), collect their results.
+
+Each process gets ``JAXPPO_COORDINATOR`` / ``JAXPPO_NUM_PROCESSES`` / ``JAXPPO_PROCESS_ID`` (what
+``launch/multihost.py`` reads), ``XLA_FLAGS=--xla_force_host_platform_device_count=D`` and
+``JAX_PLATFORMS=cpu``; CPU collectives run over gloo. No mocks: these are separate OS processes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ProcResult:
+    index: int
+    returncode: int | None  # None: still running when the timeout hit (then killed)
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def describe(self) -> str:
+        return (f"--- process {self.index}: exit {self.returncode} after {self.seconds:.1f}s\n"
+                f"stdout (tail):\n{self.stdout[-3000:]}\nstderr (tail):\n{self.stderr[-6000:]}")
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(index: int, n: int, port: int, devices: int, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "JAXPPO_COORDINATOR": f"127.0.0.1:{port}", "JAXPPO_NUM_PROCESSES": str(n), "JAXPPO_PROCESS_ID": str(index),
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra or {})
+    return env
+
+
+def start(cmd: list[str], n: int = 2, devices: int = 4, cwd: Path | str = REPO, env: dict | None = None,
+          logdir: Path | None = None) -> list[tuple[subprocess.Popen, Path, Path]]:
+    """Start ``cmd`` in ``n`` processes (stdout/stderr to files under ``logdir``); returns (popen, out, err)."""
+    port = free_port()
+    logdir = Path(logdir or cwd)
+    logdir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(n):
+        out, err = logdir / f"proc{i}.out", logdir / f"proc{i}.err"
+        p = subprocess.Popen(cmd, cwd=cwd, env=process_env(i, n, port, devices, env),
+                             stdout=out.open("w"), stderr=err.open("w"))
+        procs.append((p, out, err))
+    return procs
+
+
+def wait(procs, timeout: float) -> list[ProcResult]:
+    """Wait for every process up to ``timeout`` seconds in all; kill (and report as None) the late ones."""
+    t0 = time.monotonic()
+    results = []
+    for i, (p, out, err) in enumerate(procs):
+        left = max(0.1, timeout - (time.monotonic() - t0))
+        try:
+            rc = p.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = None
+        results.append(ProcResult(i, rc, out.read_text(), err.read_text(), time.monotonic() - t0))
+    return results
+
+
+def run(cmd: list[str], n: int = 2, devices: int = 4, timeout: float = 300, **kw) -> list[ProcResult]:
+    """Start ``cmd`` in ``n`` joined processes and wait for all of them (see :func:`start`, :func:`wait`)."""
+    return wait(start(cmd, n=n, devices=devices, **kw), timeout)
+
+
+def python(*args: str) -> list[str]:
+    return [sys.executable, *args]

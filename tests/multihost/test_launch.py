@@ -1,0 +1,32 @@
+"""launch/multihost.py's command dispatch (no processes started)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.multihost import procs
+
+
+@pytest.fixture(scope="module")
+def mh():
+    spec = importlib.util.spec_from_file_location("multihost_launch", procs.REPO / "launch/multihost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_split_command(mh):
+    assert mh.split_command(["--config", "a.yaml"]) == ("jaxppo.train", ["--config", "a.yaml"])
+    assert mh.split_command([]) == ("jaxppo.train", [])
+    assert mh.split_command(["dpo", "--config", "d.yaml", "x=1"]) == ("jaxppo.dpo", ["--config", "d.yaml", "x=1"])
+    for name, module in [("train", "jaxppo.train"), ("evaluate", "jaxppo.evaluate"), ("reward", "jaxppo.reward"),
+                         ("collect", "jaxppo.collect")]:
+        assert mh.split_command([name, "--config", "c"])[0] == module
+    with pytest.raises(SystemExit, match="unknown command 'trian'"):
+        mh.split_command(["trian", "--config", "c"])
+
+
+def test_heartbeat_from_environment(mh):
+    assert mh.distributed_kwargs({"JAXPPO_HEARTBEAT_TIMEOUT_S": "12"}) == {"heartbeat_timeout_seconds": 12}
