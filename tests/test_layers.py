@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("jaxppo.config",),
     ("jaxppo.replay",),
     ("jaxppo.models",),
+    ("jaxppo.optim",),          # the optimizer factory of every trainer (policy, critic, DPO, reward model)
     ("jaxppo.hf",),
     ("jaxppo.data",),
     ("jaxppo.rewards",),
@@ -30,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
      "jaxppo.reward", "jaxppo.dpo", "jaxppo.sweep", "jaxppo.prompts", "jaxppo.plan"),
 ]
 #: the docs' sentence, bottom first (the command-line row is written "command lines")
-SENTENCE = ["registry", "ops", "parallel", "config", "replay", "models", "hf", "data", "rewards", "trainer",
+SENTENCE = ["registry", "ops", "parallel", "config", "replay", "models", "optim", "hf", "data", "rewards", "trainer",
             "config_names", "sweeps", "command lines"]
 
 

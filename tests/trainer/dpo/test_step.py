@@ -147,7 +147,7 @@ def test_micro_batches_are_strided(model, batch, monkeypatch):
 
     seen = []
 
-    def recording_loss(graphdef, params, x, hp):
+    def recording_loss(graphdef, params, x, hp, rpo_tokens_per_pair=None):
         jax.debug.callback(lambda tags: seen.append(np.asarray(tags).astype(int).tolist()), x["ref_chosen"],
                            ordered=True)
         loss = sum(jnp.sum(p) for p in jax.tree.leaves(params)) * 0.0 + jnp.mean(x["ref_chosen"])
