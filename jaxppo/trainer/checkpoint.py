@@ -104,22 +104,53 @@ def _closed_loop_error(err: BaseException | None) -> bool:
     return isinstance(err, RuntimeError) and "Event loop is closed" in str(err)
 
 
+class _ClosedLoopFilter(logging.Filter):
+    """Drops log records that carry a ``RuntimeError('Event loop is closed')``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and _closed_loop_error(record.exc_info[1]))
+
+
 def _hold_back_closed_loop_errors() -> None:
     """After a failed restore, Orbax's cancelled reads complete on a closed event loop and each
-    ``RuntimeError('Event loop is closed')`` reaches ``sys.unraisablehook`` (a bare traceback on stderr, later than
-    the restore call). Wrap the hook once so exactly those are dropped; everything else reaches the previous hook."""
+    ``RuntimeError('Event loop is closed')`` surfaces as a bare traceback on stderr, later than the restore call:
+    through ``sys.unraisablehook`` ("Exception ignored in ..."), or through ``sys.excepthook`` /
+    ``threading.excepthook`` when a native callback thread prints it. Wrap each hook once so exactly those errors
+    are dropped; everything else reaches the previous hook."""
     import sys
+    import threading
 
-    if getattr(sys.unraisablehook, "_jaxppo_closed_loop", False):
-        return
-    previous = sys.unraisablehook
+    if not getattr(sys.unraisablehook, "_jaxppo_closed_loop", False):
+        prev_unraisable = sys.unraisablehook
 
-    def hook(unraisable):
-        if not _closed_loop_error(unraisable.exc_value):
-            previous(unraisable)
+        def unraisable_hook(unraisable):
+            if not _closed_loop_error(unraisable.exc_value):
+                prev_unraisable(unraisable)
 
-    hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
+        unraisable_hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
+        sys.unraisablehook = unraisable_hook
+    if not getattr(sys.excepthook, "_jaxppo_closed_loop", False):
+        prev_except = sys.excepthook
+
+        def except_hook(exc_type, exc, tb):
+            if not _closed_loop_error(exc):
+                prev_except(exc_type, exc, tb)
+
+        except_hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
+        sys.excepthook = except_hook
+    for name in ("concurrent.futures", "asyncio"):     # "exception calling callback ..." after the restore returned
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _ClosedLoopFilter) for f in log.filters):
+            log.addFilter(_ClosedLoopFilter())
+    if not getattr(threading.excepthook, "_jaxppo_closed_loop", False):
+        prev_thread = threading.excepthook
+
+        def thread_hook(args):
+            if not _closed_loop_error(args.exc_value):
+                prev_thread(args)
+
+        thread_hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
+        threading.excepthook = thread_hook
 
 
 @contextlib.contextmanager

@@ -93,7 +93,7 @@ def test_heldout_reward_rises_with_is_and_per(make_cfg, tmp_path):
     from jaxppo.trainer.ppo.setup import build_run
 
     cfg = make_cfg("importance.enabled=true", "replay.sampling=prioritized", "trainer.save_hf=true",
-                   "trainer.plots=true", "trainer.eval_prompts=16")
+                   "trainer.plots=true", "trainer.eval_prompts=16", "trainer.eval_samples=2")
     summary = train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
     out = tmp_path / "run"
     assert summary["eval/reward_after"] > summary["eval/reward_before"]

@@ -24,11 +24,12 @@ _sample_jit = jax.jit(replay_lib.sample, static_argnames="batch_size")
 
 
 # ------------------------------------------------------------------------------------ 1. PF-PPO under PER
-def _buffer(td_abs, f, prioritization="proportional"):
-    """A 4..n-item buffer holding the stored values prepare writes (``filtered_stored_priority``)."""
+def _buffer(td_abs, f, prioritization="proportional", weight_floor=0.0):
+    """A 4..n-item buffer holding the stored values prepare writes (``filtered_stored_priority``). ``weight_floor``
+    0 (the classic PER weights, whose exact shares these tests check) unless given."""
     n = len(f)
     rs = replay_lib.init(n, {"filter_w": jnp.zeros((), jnp.float32)}, alpha=ALPHA, eps=EPS,
-                         prioritization=prioritization)
+                         prioritization=prioritization, weight_floor=weight_floor)
     rs = replay_lib.add(rs, {"filter_w": jnp.asarray(f, jnp.float32)})
     stored = filtered_stored_priority(rs, jnp.asarray(td_abs, jnp.float32), jnp.asarray(f, jnp.float32))
     return replay_lib.set_priorities(rs, jnp.arange(n), stored)
@@ -131,16 +132,20 @@ def test_uniform_sampling_stores_the_filter_weights():
 @settings(max_examples=15, deadline=None)
 @given(td=st.lists(st.floats(0.0, 5.0), min_size=4, max_size=4),
        f=st.lists(st.floats(0.05, 10.0), min_size=4, max_size=4), beta=st.floats(0.0, 1.0))
-def test_property_share_is_filter_times_priority_power(td, f, beta):
+@pytest.mark.parametrize("kappa", [0.0, 0.1])
+def test_property_share_is_filter_times_priority_power(td, f, beta, kappa):
+    """``P(i)·w_i ∝ f_i q_i^(1−β)`` among the items whose priority mass is at least ``κ·max`` (all of them at κ = 0;
+    below it the weight floor truncates the weight to 1, ``jaxppo.replay.weights``)."""
     td, f = np.array(td), np.array(f)
-    rs = _buffer(td, f)
+    rs = _buffer(td, f, weight_floor=kappa)
     smp = _sample_all(rs)
     w = np.asarray(_weights(rs, smp, jnp.asarray(f, jnp.float32), jnp.float32(beta)))
     idx, probs = np.asarray(smp.indices), np.asarray(smp.probs)
     share = np.zeros(4)
     share[idx] = probs * w
-    seen = np.isin(np.arange(4), idx)          # a slot of tiny mass may be missed: compare ratios among the seen
     q = (td.astype(np.float32) + np.float32(EPS)) ** ALPHA
+    # a slot of tiny mass may be missed: compare ratios among the seen ones above the floor
+    seen = np.isin(np.arange(4), idx) & (q >= kappa * q.max() * (1 + 1e-6))
     np.testing.assert_allclose(probs, (f * q)[idx] / np.sum(f * q), rtol=2e-4)     # P(i) ∝ f_i q_i
     want = f * q ** (1 - beta)
     np.testing.assert_allclose(share[seen] / share[seen].sum(), want[seen] / want[seen].sum(), rtol=2e-4)
