@@ -111,46 +111,37 @@ class _ClosedLoopFilter(logging.Filter):
         return not (record.exc_info and _closed_loop_error(record.exc_info[1]))
 
 
+def _wrap_hook(owner: Any, name: str, error_of: Callable[..., BaseException | None]) -> None:
+    """Replace ``owner.<name>`` (a hook) once by one that drops closed-loop errors (``error_of(*args)`` picks the
+    exception out of the hook's arguments) and passes everything else to the previous hook."""
+    previous = getattr(owner, name)
+    if getattr(previous, "_jaxppo_closed_loop", False):
+        return
+
+    def hook(*args):
+        if not _closed_loop_error(error_of(*args)):
+            previous(*args)
+
+    hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
+    setattr(owner, name, hook)
+
+
 def _hold_back_closed_loop_errors() -> None:
     """After a failed restore, Orbax's cancelled reads complete on a closed event loop and each
     ``RuntimeError('Event loop is closed')`` surfaces as a bare traceback on stderr, later than the restore call:
-    through ``sys.unraisablehook`` ("Exception ignored in ..."), or through ``sys.excepthook`` /
-    ``threading.excepthook`` when a native callback thread prints it. Wrap each hook once so exactly those errors
-    are dropped; everything else reaches the previous hook."""
+    through ``sys.unraisablehook`` ("Exception ignored in ..."), ``sys.excepthook`` / ``threading.excepthook`` (a
+    native callback thread printing it) or the ``concurrent.futures`` / ``asyncio`` loggers ("exception calling
+    callback ..."). Drop exactly those errors; everything else reaches the previous hook or handler."""
     import sys
     import threading
 
-    if not getattr(sys.unraisablehook, "_jaxppo_closed_loop", False):
-        prev_unraisable = sys.unraisablehook
-
-        def unraisable_hook(unraisable):
-            if not _closed_loop_error(unraisable.exc_value):
-                prev_unraisable(unraisable)
-
-        unraisable_hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
-        sys.unraisablehook = unraisable_hook
-    if not getattr(sys.excepthook, "_jaxppo_closed_loop", False):
-        prev_except = sys.excepthook
-
-        def except_hook(exc_type, exc, tb):
-            if not _closed_loop_error(exc):
-                prev_except(exc_type, exc, tb)
-
-        except_hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
-        sys.excepthook = except_hook
-    for name in ("concurrent.futures", "asyncio"):     # "exception calling callback ..." after the restore returned
+    _wrap_hook(sys, "unraisablehook", lambda u: u.exc_value)
+    _wrap_hook(sys, "excepthook", lambda _t, exc, _tb: exc)
+    _wrap_hook(threading, "excepthook", lambda args: args.exc_value)
+    for name in ("concurrent.futures", "asyncio"):
         log = logging.getLogger(name)
         if not any(isinstance(f, _ClosedLoopFilter) for f in log.filters):
             log.addFilter(_ClosedLoopFilter())
-    if not getattr(threading.excepthook, "_jaxppo_closed_loop", False):
-        prev_thread = threading.excepthook
-
-        def thread_hook(args):
-            if not _closed_loop_error(args.exc_value):
-                prev_thread(args)
-
-        thread_hook._jaxppo_closed_loop = True  # type: ignore[attr-defined]
-        threading.excepthook = thread_hook
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ harness owns everything else, once:
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import time
@@ -48,7 +49,7 @@ from jaxppo.trainer.run_dir import RunStart, metrics_logger, start_run
 logger = logging.getLogger("jaxppo.trainer")
 
 
-class Algorithm:
+class Algorithm(abc.ABC):
     """What a trainer plugs into :func:`fit`. One instance per ``fit`` call (it may keep host-side counters, e.g.
     PPO's consumed tokens, restored from ``start.meta`` on resume)."""
 
@@ -62,29 +63,31 @@ class Algorithm:
         self.cfg = run.cfg
 
     # -- data --------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def heldout_sequences(self) -> dict[str, np.ndarray]:
         """Held-out ``prompt_ids/prompt_mask/response_ids/response_mask`` of the perplexity guard (0 rows: none)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def n_rows(self) -> tuple[int, int]:
         """``(training rows, held-out rows)``."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def tokens_per_step(self) -> int:
-        raise NotImplementedError
+        """Response tokens one update consumes (for ``train/tokens_consumed``)."""
 
     # -- the step ----------------------------------------------------------------------------------------------
     def before_step(self, state: Any, s: int) -> tuple[Any, Any]:
         """``(state, batch)`` for 0-based step ``s`` (untimed: data loading, buffer refresh)."""
         return state, None
 
+    @abc.abstractmethod
     def step(self, state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
         """The jitted update: ``(state, metrics)``."""
-        raise NotImplementedError
 
     def step_extras(self, state: Any, step_no: int, metrics: dict[str, float]) -> None:
-        """Add host-side metrics of step ``step_no`` (before the guards see them)."""
+        """Add host-side metrics of step ``step_no`` (before the guards see them); none by default."""
+        return None
 
     # -- evaluation --------------------------------------------------------------------------------------------
     @property
