@@ -5,9 +5,10 @@ Curves. For a finished run with batch size ``B`` (trajectories, or DPO pairs, pe
 ``eval/reward_mean`` (``command: train``) or the held-out pair accuracy ``eval/rewards/accuracies``
 (``command: dpo``, which logs no held-out reward curve):
 
-- step 0 (train only): ``eval/reward_before`` of ``summary.json`` (the reference policy's held-out reward, with
-  the run's evaluation key; identical in every variant of the same seed), KL 0. DPO logs no step-0 evaluation, so
-  its curve starts at its first evaluation;
+- step 0: for ``train``, ``eval/reward_before`` of ``summary.json`` (the reference policy's held-out reward, with
+  the run's evaluation key; identical in every variant of the same seed), KL 0; for ``dpo``, the step-0 row of
+  ``metrics.jsonl`` (the reference's held-out pair accuracy, logged when the run evaluates), else (older logs)
+  the curve starts at its first evaluation;
 - every row of ``metrics.jsonl`` after step 0 with the metric: its value and ``eval/kl``; a NaN value is kept as
   a **missing** evaluation (named in ``summary.csv``'s ``missing_evals``, never read as "not reached");
 - ``samples = step x B``;
@@ -15,13 +16,12 @@ Curves. For a finished run with batch size ``B`` (trajectories, or DPO pairs, pe
   minibatches). When a row lacks it (DPO, older logs): ``sum B x response_length/mean`` if every step up to
   there logged it, else ``samples x (data.max_prompt_length + data.max_response_length)`` (padded), marked
   ``tokens`` in the ``estimated`` column;
-- ``wall_time_s``: update-step time up to that step. The trainer logs only the step's own ``perf/step_time_s``
-  on the rows it writes (every ``trainer.log_every`` steps and at evaluations), no cumulative clock; so
-  ``sum_r perf/step_time_s(r) x (step_r - step_{r-1})`` over logged rows ``r`` (each logged step stands for the
-  unlogged ones before it). Exact when every step is logged; otherwise marked ``wall`` in ``estimated``.
-  What the run harness should log so that nothing is estimated: a cumulative ``perf/train_time_s`` (update steps,
-  evaluation excluded, carried across resumes like ``train/tokens_consumed``) on every row, and, in DPO,
-  ``train/samples_consumed`` / ``train/tokens_consumed`` as PPO does, plus a step-0 held-out evaluation.
+- ``wall_time_s``: update-step time up to that step: the harness's cumulative ``perf/train_time_s`` of that row
+  (update steps only, evaluation excluded, carried across resumes). Older logs have only the step's own
+  ``perf/step_time_s`` on the rows written; then ``sum_r perf/step_time_s(r) x (step_r - step_{r-1})`` over logged
+  rows ``r`` (each logged step stands for the unlogged ones before it), exact when every step is logged and
+  otherwise marked ``wall`` in ``estimated``. DPO logs ``train/tokens_consumed`` (chosen + rejected answer
+  tokens) like PPO.
 
 A failed run is one row with ``status=failed`` and its error; an unfinished one ``status=missing``.
 
@@ -122,16 +122,25 @@ def read_run(run_dir: Path, variant: str, seed: int, batch_size: int, tokens_per
                      reward=[_num_or_nan(summary["eval/reward_before"])], kl=[0.0], wall=[0.0])
     else:
         c = RunCurve(variant, seed, "ok")
-    rows = sorted((r for r in _read_jsonl(run_dir / "metrics.jsonl") if r["step"] > 0), key=lambda r: r["step"])
+    all_rows = _read_jsonl(run_dir / "metrics.jsonl")
+    if command == "dpo":   # the DPO harness logs the reference's held-out metrics at step 0 (when it evaluates)
+        first = [r for r in all_rows if r["step"] == 0 and metric in r]
+        if first:
+            c.steps, c.samples, c.tokens, c.wall = [0], [0], [0.0], [0.0]
+            c.reward, c.kl = [_num_or_nan(first[-1][metric])], [0.0]
+    rows = sorted((r for r in all_rows if r["step"] > 0), key=lambda r: r["step"])
     resp_sum, resp_complete, wall, prev, est = 0.0, True, 0.0, 0, set()
     for r in rows:
         step = int(r["step"])
         resp_complete = resp_complete and step == prev + 1 and "response_length/mean" in r
         if resp_complete:
             resp_sum += batch_size * float(r["response_length/mean"])
-        if step != prev + 1:
-            est.add("wall")
-        wall += float(r.get("perf/step_time_s", 0.0)) * (step - prev)
+        if "perf/train_time_s" in r:   # the harness's cumulative clock: exact
+            wall = float(r["perf/train_time_s"])
+        else:
+            if step != prev + 1:
+                est.add("wall")
+            wall += float(r.get("perf/step_time_s", 0.0)) * (step - prev)
         prev = step
         if metric not in r:
             continue

@@ -166,8 +166,9 @@ def heldout_ppl(algo: Algorithm, params: Any) -> float:
     return heldout_perplexity(algo.run.policy(params), arr, batch_size=algo.cfg.data.behaviour_batch_size)
 
 
-def _meta(algo: Algorithm, guards) -> dict[str, Any]:
-    return {"guards": guards.state_dict(), "config": to_dict(algo.cfg), **algo.meta()}
+def _meta(algo: Algorithm, guards, train_time_s: float) -> dict[str, Any]:
+    return {"guards": guards.state_dict(), "config": to_dict(algo.cfg), "train_time_s": float(train_time_s),
+            **algo.meta()}
 
 
 def restore_fields(state: Any, good: Any, fields: tuple[str, ...]) -> Any:
@@ -243,12 +244,14 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
                    f"{'step ' + str(start) if start else 'scratch'}", checkpoint_step=bad_step, moved_to=str(moved))
     t_train0 = time.perf_counter()
     compile_s = None
+    # cumulative update-step time (evaluation, checkpoints and logging excluded), carried across resumes
+    train_time = float(rs.meta.get("train_time_s", 0.0))
     try:
         if start == 0:
             # the first "last good" checkpoint for rollbacks: verified by the perplexity baseline (already there
             # when a run killed before its first step resumes from it)
             if 0 not in ckpt.all_steps():
-                ckpt.save(0, state, _meta(algo, guards), verified=have_heldout)
+                ckpt.save(0, state, _meta(algo, guards, train_time), verified=have_heldout)
             if tc.eval_every and algo.can_evaluate:
                 first = algo.initial_metrics()
                 if first:
@@ -262,7 +265,9 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
             dt = time.perf_counter() - t0
             compile_s = dt if compile_s is None else compile_s
             step_no = s + 1
+            train_time += dt
             metrics["perf/step_time_s"] = dt
+            metrics["perf/train_time_s"] = train_time
             metrics["perf/throughput"] = algo.tokens_per_step / max(dt, 1e-9)
             actions = guards.check_nan(step_no, nan_streak, nan_total)
             ppl_checked = have_heldout and guards.should_check_perplexity(step_no)
@@ -282,7 +287,7 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
             # verified: the perplexity guard checked this step's policy and nothing was rolled back
             verified = ppl_checked and not any(a.kind == "rollback" for a in actions)
             if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified:
-                if not ckpt.save(step_no, state, _meta(algo, guards), verified=verified):
+                if not ckpt.save(step_no, state, _meta(algo, guards, train_time), verified=verified):
                     mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
         ckpt.wait()
     finally:

@@ -17,7 +17,7 @@ from jaxppo.sweeps import results as R
 
 def _fake_run(d: Path, before: float | None, evals: dict[int, tuple[float, float]], steps: int, *,
               resp_len: float | None = 10.0, step_time: float = 0.5, log_every: int = 1, batch: int = 8,
-              cumulative: bool = False, metric: str = "eval/reward_mean") -> None:
+              cumulative: bool = False, metric: str = "eval/reward_mean", clock: bool = False) -> None:
     """A run folder as the trainer writes it: rows every ``log_every`` steps, at evaluations and at the end."""
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({} if before is None else {"eval/reward_before": before}))
@@ -32,6 +32,8 @@ def _fake_run(d: Path, before: float | None, evals: dict[int, tuple[float, float
                 row["response_length/mean"] = resp_len + s
             if cumulative:
                 row["train/tokens_consumed"] = tok
+            if clock:   # the harness's cumulative update-step time: here steps take 0.1 s x step number
+                row["perf/train_time_s"] = 0.1 * s * (s + 1) / 2
             if s in evals:
                 row[metric] = evals[s][0] if math.isfinite(evals[s][0]) else "nan"
                 row["eval/kl"] = evals[s][1]
@@ -74,6 +76,26 @@ def test_tokens_and_wall_with_log_every(tmp_path):
     _fake_run(tmp_path / "b", 0.1, {8: (0.4, 0.02)}, 8, log_every=4, cumulative=False)
     b = R.read_run(tmp_path / "b", "v", 0, batch_size=8, tokens_per_sample=40)
     assert b.tokens[-1] == 8 * 8 * 40 and b.estimated == "tokens,wall"
+
+
+def test_wall_time_is_the_cumulative_clock_when_logged(tmp_path):
+    """With ``perf/train_time_s`` on the rows (the harness logs it), wall time is that clock, exact under
+    log_every > 1: 0.1 + 0.2 + ... + 0.8 = 3.6 s at step 8, not 8 x the logged step's own time."""
+    _fake_run(tmp_path / "a", 0.1, {4: (0.3, 0.0), 8: (0.4, 0.02)}, 8, log_every=4, cumulative=True,
+              step_time=0.5, clock=True)
+    c = R.read_run(tmp_path / "a", "v", 0, batch_size=8, tokens_per_sample=40)
+    assert c.wall == pytest.approx([0.0, 1.0, 3.6]) and c.estimated == ""
+
+
+def test_dpo_step_zero_row_starts_the_curve(tmp_path):
+    """A DPO run that evaluated the reference at step 0 (accuracy 0: every implicit reward is 0) starts its curve
+    there, like PPO's eval/reward_before."""
+    _fake_run(tmp_path / "a", None, {4: (0.55, 0.0), 8: (0.6, 0.0)}, 8, metric="eval/rewards/accuracies")
+    text = (tmp_path / "a" / "metrics.jsonl").read_text()
+    (tmp_path / "a" / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/rewards/accuracies": 0.0}) + "\n"
+                                                  + text)
+    c = R.read_run(tmp_path / "a", "v", 0, 8, 40, command="dpo")
+    assert (c.steps, c.samples, c.reward) == ([0, 4, 8], [0, 32, 64], [0.0, 0.55, 0.6])
 
 
 def test_a_nan_evaluation_is_missing_and_named_not_never_reached(tmp_path):
@@ -171,7 +193,7 @@ def test_identical_non_monotone_arms_read_no_difference(tmp_path):
 
 def test_dpo_runs_summarize_on_held_out_pair_accuracy(tmp_path):
     """command: dpo: no eval/reward_mean curve; the held-out pair accuracy is the metric, from the first
-    evaluation on (DPO logs no step-0 evaluation)."""
+    evaluation on when the log has no step-0 row (older DPO logs)."""
     curves = []
     for name, accs in (("b", [(0.55, 0.6), (0.5, 0.62), (0.52, 0.58)]), ("v", [(0.6, 0.7), (0.58, 0.66),
                                                                             (0.6, 0.64)])):

@@ -48,6 +48,7 @@ from jaxppo.trainer.dpo.step import (
 )
 from jaxppo.trainer.harness import Algorithm, check_rows
 from jaxppo.trainer.harness import fit as fit_with
+from jaxppo.parallel.host import to_host
 from jaxppo.trainer.run_dir import RunStart
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -245,6 +246,9 @@ class DPO(Algorithm):
         super().__init__(run, start)
         d = self.cfg.dpo
         self._tokens_per_step = d.batch_size * 2 * (run.train["prompt_ids"].shape[1] + run.train["chosen_ids"].shape[1])
+        # cumulative answer tokens (chosen + rejected, unpadded) of the pairs the updates consumed, across resumes
+        self.tokens_consumed = float(start.meta.get("tokens_consumed", 0.0))
+        self._batch_tokens = 0.0
 
     def heldout_sequences(self) -> dict[str, np.ndarray]:
         """The held-out prompts with their chosen answers (the perplexity guard's sequences)."""
@@ -260,7 +264,18 @@ class DPO(Algorithm):
         return self._tokens_per_step
 
     def before_step(self, state: DPOState, s: int):
-        return state, make_batch(self.run, int(state.data_cursor))
+        cursor = int(to_host(state.data_cursor))
+        tr = self.run.train
+        idx = batch_indices(self.cfg.data.seed, cursor, self.cfg.dpo.batch_size, tr["prompt_ids"].shape[0])
+        self._batch_tokens = float(np.asarray(tr["chosen_mask"])[idx].sum() + np.asarray(tr["rejected_mask"])[idx].sum())
+        return state, make_batch(self.run, cursor)
+
+    def step_extras(self, state: DPOState, step_no: int, metrics: dict[str, float]) -> None:
+        """``train/samples_consumed`` (pairs: ``step x dpo.batch_size``, NaN-skipped steps included, as PPO) and
+        ``train/tokens_consumed`` (chosen + rejected answer tokens of those pairs)."""
+        self.tokens_consumed += self._batch_tokens
+        metrics["train/samples_consumed"] = float(step_no * self.cfg.dpo.batch_size)
+        metrics["train/tokens_consumed"] = self.tokens_consumed
 
     def step(self, state: DPOState, batch):
         return self.run.step(state, batch)
@@ -269,17 +284,26 @@ class DPO(Algorithm):
     def can_evaluate(self) -> bool:
         return self.run.heldout["prompt_ids"].shape[0] > 0
 
+    def initial_metrics(self) -> dict[str, float]:
+        """Step 0: the held-out pair metrics of the reference itself, the start of a sweep's accuracy curve.
+        Every implicit reward is 0 up to float noise (the cached reference log-probs come from other batches), so
+        the margins are ~0 and the step-0 accuracy is the share of pairs that noise puts right."""
+        return self.evaluate(self.run.ref_params)
+
     def evaluate(self, params) -> dict[str, float]:
         ev, _ = pair_metrics(self.run, params, self.run.heldout)
         return {f"eval/{k}": v for k, v in ev.items()}
 
     def meta(self) -> dict[str, Any]:
         return {"data": {"n_train": int(self.run.train["prompt_ids"].shape[0]),
-                         "n_heldout": int(self.run.heldout["prompt_ids"].shape[0])}}
+                         "n_heldout": int(self.run.heldout["prompt_ids"].shape[0])},
+                "tokens_consumed": float(self.tokens_consumed)}
 
     def summary(self, state: DPOState, out: Path) -> dict[str, Any]:
         rep = self.run.report
-        return {"ref_logps_cache": rep.notes.get("behaviour_logprobs_cache", "off") if rep is not None else "off"}
+        return {"ref_logps_cache": rep.notes.get("behaviour_logprobs_cache", "off") if rep is not None else "off",
+                "train/samples_consumed": int(self.cfg.trainer.total_steps * self.cfg.dpo.batch_size),
+                "train/tokens_consumed": float(self.tokens_consumed)}
 
     def final_evaluation(self, state: DPOState, out: Path) -> dict[str, Any]:
         """Final held-out pair accuracy (with a bootstrap interval over pairs), training-pair accuracy and the

@@ -44,7 +44,12 @@ def trained(tmp_path_factory, stories_model, hh_pairs):
 def test_trl_metric_names_learning_and_heldout_accuracy(trained):
     out, run, summary, _ = trained
     rows = _rows(out / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["step"] for r in rows] == list(range(0, 13))
+    # step 0: the reference's own held-out metrics. Every implicit reward is 0 up to float noise (the cached
+    # reference log-probs were computed in other batches), so the margins are ~0 and the accuracy is noise
+    assert abs(rows[0]["eval/rewards/margins"]) < 1e-4, rows[0]
+    assert abs(rows[0]["eval/rewards/chosen"]) < 1e-4 and abs(rows[0]["eval/rewards/rejected"]) < 1e-4
+    rows = rows[1:]
     for r in rows:
         assert set(TRL_KEYS) <= set(r), sorted(r)
     assert "eval/rewards/accuracies" in rows[5] and "eval/rewards/margins" in rows[5]
@@ -57,6 +62,27 @@ def test_trl_metric_names_learning_and_heldout_accuracy(trained):
     lo, hi = summary["eval/rewards/accuracies_ci95"]
     assert 0.0 <= lo <= summary["eval/rewards/accuracies"] <= hi <= 1.0
     assert "eval/reward_skipped" in summary and "eval/reward_after" not in summary  # no reward model given
+
+
+def test_samples_tokens_and_train_time_are_cumulative(trained):
+    """``train/samples_consumed`` = step x dpo.batch_size, ``train/tokens_consumed`` = the chosen + rejected answer
+    tokens of the pairs drawn so far (recounted from ``batch_indices``), ``perf/train_time_s`` = the running sum of
+    ``perf/step_time_s``."""
+    from jaxppo.trainer.dpo.step import batch_indices
+
+    out, run, summary, _ = trained
+    rows = [r for r in _rows(out / "metrics.jsonl") if r["step"] > 0]
+    b, n = run.cfg.dpo.batch_size, run.train["prompt_ids"].shape[0]
+    tokens, clock = 0.0, 0.0
+    for r in rows:
+        idx = batch_indices(run.cfg.data.seed, (r["step"] - 1) * b, b, n)
+        tokens += float(run.train["chosen_mask"][idx].sum() + run.train["rejected_mask"][idx].sum())
+        clock += r["perf/step_time_s"]
+        assert r["train/samples_consumed"] == r["step"] * b
+        assert r["train/tokens_consumed"] == pytest.approx(tokens)
+        assert r["perf/train_time_s"] == pytest.approx(clock)
+    assert summary["train/samples_consumed"] == 12 * b
+    assert summary["train/tokens_consumed"] == pytest.approx(tokens)
 
 
 def test_heldout_accuracy_matches_numpy_recount(trained):
@@ -175,10 +201,13 @@ def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, hh_pairs,
     strip = lambda r: {k: v for k, v in r.items() if not k.startswith("perf/")}  # noqa: E731
     a = [strip(r) for r in _rows(tmp_path / "full" / "metrics.jsonl")]
     b = [strip(r) for r in _rows(tmp_path / "victim" / "metrics.jsonl")]
-    assert [r["step"] for r in b] == list(range(1, 13))
+    assert [r["step"] for r in b] == list(range(0, 13))
     assert a == b
     sb = json.loads((tmp_path / "victim" / "summary.json").read_text())
     assert sb["resumed_from"] >= 4
+    # the update-step clock continues from the checkpoint's value: it never restarts at 0 and never decreases
+    clock = [r["perf/train_time_s"] for r in _rows(tmp_path / "victim" / "metrics.jsonl") if r["step"] > 0]
+    assert all(x < y for x, y in zip(clock, clock[1:])), clock
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -207,8 +236,8 @@ def test_log_every_sets_the_metrics_cadence(tmp_path, stories_model, hh_pairs):
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, tmp_path / "cache", "trainer.log_every=5"))
     train_dpo(cfg, run=build_dpo_run(cfg, devices=jax.devices()[:1]))
     rows = _rows(out / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [5, 6, 10, 12]
-    assert "eval/rewards/accuracies" in rows[1] and "eval/rewards/accuracies" not in rows[0]
+    assert [r["step"] for r in rows] == [0, 5, 6, 10, 12]   # 0: the reference's held-out metrics
+    assert "eval/rewards/accuracies" in rows[2] and "eval/rewards/accuracies" not in rows[1]
 
 
 def _wait_for_checkpoint(step_dir: Path, timeout: float = 60.0) -> list[Path]:
