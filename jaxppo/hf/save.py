@@ -15,13 +15,15 @@ import numpy as np
 from jaxppo.hf.load import _resolve
 from jaxppo.hf.mapping import expected_names
 from jaxppo.hf.safetensors_io import save_file
+from jaxppo.models.adapters import merged_model
 from jaxppo.models.transformer import CausalLM
 from jaxppo.parallel.host import is_main_process, to_host
 
 
 def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
                     max_shard_bytes: int = 5 * 2 ** 30) -> Path:
-    """Write ``model`` (weights in its parameter dtype) to ``out_dir`` for ``AutoModelForCausalLM``.
+    """Write ``model`` (weights in its parameter dtype) to ``out_dir`` for ``AutoModelForCausalLM``; a model with
+    LoRA adapters is written merged (``jaxppo.models.adapters.merged_model``).
 
     ``tokenizer``: a transformers tokenizer whose files are saved alongside. Returns ``out_dir``.
 
@@ -30,6 +32,7 @@ def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
     """
     if not isinstance(model, CausalLM):
         raise TypeError(f"save_pretrained expects a jaxppo CausalLM, got {type(model).__name__}")
+    model = merged_model(model)   # adapters (LMConfig.lora): W + s·A·B, the model transformers loads
     out = Path(out_dir)
     main = is_main_process()
     if main:
