@@ -17,6 +17,7 @@ def _names(tree) -> list[str]:
     return ["/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+@pytest.mark.slow
 def test_lora_ppo_with_gae_critic_on_the_shared_base(make_cfg, tmp_path):
     from jaxppo.hf import load_pretrained
     from jaxppo.trainer.ppo.loop import fit
@@ -58,14 +59,16 @@ def test_lora_ppo_with_gae_critic_on_the_shared_base(make_cfg, tmp_path):
     assert ckpt["model/params_trainable"] == run.params_trainable
 
 
-def test_lora_grpo_runs_a_few_steps(make_cfg):
+def test_lora_grpo_on_an_int8_base_runs_a_few_steps(make_cfg):
     from jaxppo.trainer.ppo.loop import fit
     from jaxppo.trainer.ppo.setup import build_run
 
     cfg = make_cfg("model.lora.rank=2", "model.lora.targets=[q,v]", "algorithm.adv_estimator=grpo",
-                   "trainer.total_steps=3", "trainer.save_every=3", "data.eval_fraction=0")
+                   "model.lora.quantize_base=int8", "trainer.total_steps=3", "trainer.save_every=3",
+                   "data.eval_fraction=0")
     run = build_run(cfg, devices=jax.devices()[:1])
     assert run.state.critic is None and run.critic_gd is None
+    assert run.base["model"]["layers"]["q"].get_value().dtype == np.int8   # QLoRA: int8 codes + scales
     names = _names(run.state.actor)
     assert len(names) == 4 and all(any(k in n for n in names) for k in ("q_lora_a", "q_lora_b", "v_lora_a",
                                                                         "v_lora_b"))
@@ -82,3 +85,56 @@ def test_lora_config_errors(make_cfg):
         make_cfg("model.lora.rank=2", "model.lora.dropout=0.1")
     with pytest.raises(ConfigError, match="model.lora.rank"):
         make_cfg("model.lora.rank=-1")
+
+
+@pytest.mark.slow
+def test_lora_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_data, compile_cache):
+    """The resume test of test_loop.py with adapters: the checkpoint holds adapters, optimizer and replay state
+    only (the base is re-read from model.path), and a SIGKILLed run resumed with resume=auto logs the same
+    metrics as an uninterrupted one."""
+    import os
+    import signal
+    import time
+
+    from tests.trainer.ppo.test_loop import _cli, _deterministic, _rows
+
+    extra = ("data.eval_fraction=0", "model.lora.rank=4", "trainer.total_steps=8")
+    full = _cli(tmp_path / "full", stories_model, scored_data, compile_cache, *extra)
+    victim = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
+    ckpt = tmp_path / "victim" / "checkpoints" / "4"
+    deadline = time.time() + 240
+    while not ckpt.is_dir() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert victim.poll() is None, "the run ended before its first checkpoint:\n" + victim.communicate()[0][-3000:]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    resumed = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
+    out_r, out_f = resumed.communicate(timeout=300)[0], full.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out_r[-3000:]
+    assert full.returncode == 0, out_f[-3000:]
+    a = [_deterministic(r) for r in _rows(tmp_path / "full" / "metrics.jsonl")]
+    b = [_deterministic(r) for r in _rows(tmp_path / "victim" / "metrics.jsonl")]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 9))
+    for ra, rb in zip(a, b):
+        assert ra == rb, f"step {ra['step']} differs after resume"
+    assert json.loads((tmp_path / "victim" / "summary.json").read_text())["resumed_from"] >= 4
+    # no base weights in the checkpoint: far smaller than the 260K-parameter model's float32 weights x 3
+    size = sum(f.stat().st_size for f in (tmp_path / "full" / "checkpoints" / "8").rglob("*") if f.is_file())
+    assert size < 260_032 * 4 * 3, size
+
+
+@pytest.mark.slow
+def test_lora_with_share_trunk_trains_the_head_through_the_policy_adapters(make_cfg):
+    from jaxppo.trainer.ppo.loop import fit
+    from jaxppo.trainer.ppo.setup import build_run
+
+    cfg = make_cfg("model.lora.rank=2", "critic.share_trunk=true", "trainer.total_steps=2", "trainer.save_every=2",
+                   "data.eval_fraction=0")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    names = _names(run.state.critic)
+    assert names and all("_lora_" not in n for n in names)        # a bare value head on the policy's trunk
+    head0 = jax.tree.map(np.array, run.state.critic)
+    _, state = fit(cfg, run=run)
+    assert int(state.nan_total) == 0
+    assert max(np.max(np.abs(np.asarray(b) - a)) for a, b in zip(jax.tree.leaves(head0),
+                                                                 jax.tree.leaves(state.critic))) > 0
