@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -161,20 +160,6 @@ def merged_layer_weights(weights: dict[str, jax.Array], adapters: dict[str, jax.
     return out
 
 
-def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-    """Inverted dropout on the adapter input: ``x · m / (1 − p)``, ``m ~ Bernoulli(1 − p)``; identity when
-    ``rate == 0`` or ``key`` is None (evaluation)."""
-    if rate == 0.0 or key is None:
-        return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
-
-
-def is_lora(path, value: Any) -> bool:
-    """nnx filter predicate: a :class:`LoRAParam` variable."""
-    return isinstance(value, LoRAParam)
-
-
 def param_counts(model: nnx.Module) -> tuple[int, int]:
     """``(trainable adapter parameters, all parameters)`` of ``model``."""
     n_lora = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, LoRAParam)))
@@ -182,5 +167,5 @@ def param_counts(model: nnx.Module) -> tuple[int, int]:
     return int(n_lora), int(n_all)
 
 
-__all__ = ["TARGETS", "LoRAParam", "LoraSpec", "adapter_shapes", "dropout", "init_adapters", "lora_delta",
+__all__ = ["TARGETS", "LoRAParam", "LoraSpec", "adapter_shapes", "init_adapters", "lora_delta",
            "merged_layer_weights", "merged_weight", "param_counts", "quantize_stacked", "spec_from_config"]
