@@ -12,7 +12,10 @@ devices), never from hand arithmetic:
 
 - ``params_bytes``: actor + critic parameters; ``optimizer_bytes``: their optax states;
 - ``replay_bytes``: buffer storage, priorities and sum-tree; ``reference_bytes``: the frozen reference policy
-  (a copy of the actor's parameters kept for evaluation); ``scalars_bytes``: counters, RNG key, KL coefficient;
+  (a copy of the actor's parameters kept for evaluation; with LoRA adapters, ``model.lora.rank > 0``: the ONE
+  frozen base that policy, reference and critic share, quantized with ``model.lora.quantize_base``, while
+  ``params_bytes`` / ``optimizer_bytes`` hold only the adapters and value head); ``scalars_bytes``: counters, RNG
+  key, KL coefficient;
 - ``temp_bytes``: XLA's temporary buffers of the compiled update step (``memory_analysis().temp_size_in_bytes``,
   per device; activations, gradients, gathered weights); ``null`` with ``--no-compile``;
 - ``total_bytes``: the sum; ``fits``: ``per_device.total_bytes <= hbm_gib · 2^30`` (``null`` without ``--hbm-gib``).
@@ -114,6 +117,8 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     for block in (per_device, total):
         block["total_bytes"] = sum(v for v in block.values() if v is not None)
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(s.actor))
+    lora = cfg.model.lora.rank > 0
+    n_base = sum(math.prod(x.shape) for x in jax.tree.leaves(ref)) if lora else None
     platform = devices[0].platform
     return {
         "config": {"model.path": str(cfg.model.path), "mesh": {"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor},
@@ -122,10 +127,12 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
                    "prompt_length": cfg.data.max_prompt_length, "response_length": cfg.data.max_response_length,
                    "ppo_mini_batch_size": cfg.actor.ppo_mini_batch_size,
                    "ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size or cfg.actor.ppo_mini_batch_size,
-                   "replay_slots": int(s.replay.capacity)},
+                   "replay_slots": int(s.replay.capacity),
+                   "lora_rank": int(cfg.model.lora.rank), "quantize_base": cfg.model.lora.quantize_base},
         "devices": {"count": len(devices), "platform": platform,
                     "simulated": platform == "cpu" and len(devices) > 1},
-        "actor_parameters": int(n_params),
+        "actor_parameters": int(n_params),   # with adapters: the actor's adapter parameters
+        "base_parameters": n_base,           # with adapters: stored values of the shared frozen base
         "per_device": per_device,
         "total": total,
         "hbm_gib": hbm_gib,
@@ -137,6 +144,15 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     }
 
 
+def _base_note(p: dict) -> str:
+    c = p["config"]
+    if not c.get("lora_rank"):
+        return ""
+    q = c.get("quantize_base") or c["param_dtype"]
+    return (f" (LoRA rank {c['lora_rank']} adapters) on a frozen {q} base of {p['base_parameters']:,} stored values"
+            f" shared by policy, reference and critic (the 'reference' row)")
+
+
 def format_table(p: dict) -> str:
     def gib(x):
         return "-" if x is None else f"{x / GiB:.2f}"
@@ -144,7 +160,7 @@ def format_table(p: dict) -> str:
     d, m = p["devices"], p["config"]["mesh"]
     head = (f"mesh data={m['data']} fsdp={m['fsdp']} tensor={m['tensor']} on {d['count']} "
             f"{'simulated ' if d['simulated'] else ''}{d['platform']} devices; actor {p['actor_parameters']:,} "
-            f"parameters; compile {p['seconds']['compile']} s")
+            f"parameters{_base_note(p)}; compile {p['seconds']['compile']} s")
     rows = [f"{'':<16}{'per device GiB':>16}{'total GiB':>12}"]
     for k in CATEGORIES + ("total_bytes",):
         rows.append(f"{k.removesuffix('_bytes'):<16}{gib(p['per_device'][k]):>16}{gib(p['total'][k]):>12}")

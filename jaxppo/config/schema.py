@@ -21,6 +21,29 @@ AggMode = Literal[AGG_MODES]
 DType = Literal["float32", "bfloat16", "float16"]
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")   # = jaxppo.models.lora.TARGETS (tests check)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters on a frozen base (``rank`` 0: off, full weights are trained)."""
+
+    rank: int = field(0, ge=0)
+    alpha: float = field(16.0, gt=0.0)   # adapter scale alpha / rank
+    dropout: float = field(0.0, ge=0.0, lt=1.0)
+    targets: tuple[str, ...] = LORA_TARGETS
+    quantize_base: Literal["int8", "nf4"] | None = None
+
+    def __post_init__(self):
+        bad = [t for t in self.targets if t not in LORA_TARGETS]
+        check(not bad and len(self.targets) > 0 and len(set(self.targets)) == len(self.targets), "model.lora.targets",
+              f"must be distinct names from {list(LORA_TARGETS)}, got {list(self.targets)}")
+        check(self.dropout == 0.0, "model.lora.dropout",
+              f"adapter dropout is not wired into training yet; only 0.0 is accepted, got {self.dropout}")
+        check(self.quantize_base is None or self.rank > 0, "model.lora.quantize_base",
+              "a quantized base is frozen: it needs adapters (model.lora.rank > 0)")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy (and, by default, reference and critic trunk) checkpoint."""
@@ -30,6 +53,7 @@ class ModelConfig:
     param_dtype: DType = "float32"
     compute_dtype: DType = "float32"
     remat: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass(frozen=True)

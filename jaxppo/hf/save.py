@@ -14,14 +14,18 @@ import numpy as np
 
 from jaxppo.hf.load import _resolve
 from jaxppo.hf.mapping import expected_names
+from jaxppo.hf.peft import save_adapter
 from jaxppo.hf.safetensors_io import save_file
+from jaxppo.models.adapters import merged_model
 from jaxppo.models.transformer import CausalLM
 from jaxppo.parallel.host import is_main_process, to_host
 
 
 def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
                     max_shard_bytes: int = 5 * 2 ** 30) -> Path:
-    """Write ``model`` (weights in its parameter dtype) to ``out_dir`` for ``AutoModelForCausalLM``.
+    """Write ``model`` (weights in its parameter dtype) to ``out_dir`` for ``AutoModelForCausalLM``; a model with
+    LoRA adapters is written merged (``jaxppo.models.adapters.merged_model``), and its adapters alone in PEFT's
+    format under ``out_dir/adapter`` (``jaxppo.hf.peft``).
 
     ``tokenizer``: a transformers tokenizer whose files are saved alongside. Returns ``out_dir``.
 
@@ -30,6 +34,8 @@ def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
     """
     if not isinstance(model, CausalLM):
         raise TypeError(f"save_pretrained expects a jaxppo CausalLM, got {type(model).__name__}")
+    adapted = model if model.config.lora is not None else None
+    model = merged_model(model)   # adapters (LMConfig.lora): W + s·A·B, the model transformers loads
     out = Path(out_dir)
     main = is_main_process()
     if main:
@@ -85,4 +91,6 @@ def save_pretrained(model: CausalLM, out_dir: str | Path, tokenizer=None, *,
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))
+    if adapted is not None:   # and the adapters alone, for PEFT on the base (hf.peft)
+        save_adapter(adapted, out / "adapter")
     return out

@@ -81,9 +81,14 @@ class LMConfig:
     remat: bool = False
     scan_layers: bool | str = "auto"
     initializer_range: float = 0.02
+    lora: Any = None   # a jaxppo.models.lora.LoraSpec: LoRA adapters on a frozen base (None: full weights)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        if self.lora is not None:
+            from jaxppo.models.lora import LoraSpec
+            if not isinstance(self.lora, LoraSpec):
+                raise ValueError(f"LMConfig.lora must be a LoraSpec or None, got {type(self.lora).__name__}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"LMConfig.architecture={self.architecture!r} is not supported; "
                              f"supported: {sorted(ARCHITECTURES)}")

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxppo.models.quant import dequantize_nf4_last
+
 MASK_VALUE = -1e30  # finite, so a fully masked row (a left-pad query) gives a uniform row, not NaN
 
 
@@ -109,14 +111,37 @@ def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     return y.astype(x.dtype).reshape(*lead, *out)
 
 
+def weight(p: dict, name: str, dtype) -> jax.Array:
+    """The layer's weight ``name`` in ``dtype``: ``p[name]`` itself, or dequantized from a quantized base
+    (``jaxppo.models.quant``): int8 codes times ``<name>_scale``, or NF4 codes (packed along the last axis) with
+    their block maxima ``<name>_absmax``."""
+    w = p[name]
+    if name + "_scale" in p:
+        return (w.astype(jnp.float32) * p[name + "_scale"].astype(jnp.float32)).astype(dtype)
+    if name + "_absmax" in p:
+        return dequantize_nf4_last(w, p[name + "_absmax"], dtype)
+    return w
+
+
+def linear(x: jax.Array, p: dict, name: str, w: jax.Array | None = None) -> jax.Array:
+    """``dense(x, W)`` for ``W = p[name]`` (or ``w``; dequantized by :func:`weight`), plus the LoRA term
+    ``(x·A)·B`` when the layer dict has ``<name>_lora_a`` [in, r] / ``<name>_lora_b`` [r, *out] (``B``
+    pre-multiplied by the scale alpha/r; ``jaxppo.models.lora``)."""
+    y = dense(x, weight(p, name, x.dtype) if w is None else w)
+    a = p.get(name + "_lora_a")
+    if a is not None:
+        y = y + dense(dense(x, a), p[name + "_lora_b"])
+    return y
+
+
 def swiglu(x: jax.Array, p: dict) -> jax.Array:
     """``down(silu(gate(x)) · up(x))`` (optional biases ``gate_b``, ``up_b``, ``down_b``)."""
-    g = dense(x, p["gate"])
-    u = dense(x, p["up"])
+    g = linear(x, p, "gate")
+    u = linear(x, p, "up")
     if "gate_b" in p:
         g = g + p["gate_b"]
         u = u + p["up_b"]
-    y = dense(jax.nn.silu(g) * u, p["down"])
+    y = linear(jax.nn.silu(g) * u, p, "down")
     if "down_b" in p:
         y = y + p["down_b"]
     return y
@@ -124,7 +149,7 @@ def swiglu(x: jax.Array, p: dict) -> jax.Array:
 
 def qkv(x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Projections ``q`` [B,T,H,hd], ``k``, ``v`` [B,T,K,hd] from ``x`` [B,T,D] (biases when present)."""
-    q, k, v = dense(x, p["q"]), dense(x, p["k"]), dense(x, p["v"])
+    q, k, v = linear(x, p, "q"), linear(x, p, "k"), linear(x, p, "v")
     if "q_b" in p:
         q, k, v = q + p["q_b"], k + p["k_b"], v + p["v_b"]
     return q, k, v
@@ -132,8 +157,8 @@ def qkv(x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 def out_proj(o: jax.Array, p: dict) -> jax.Array:
     """``o`` [B,T,H,hd] -> [B,T,D] through ``p["o"]`` [H,hd,D] (+ ``o_b``)."""
-    w = p["o"]
-    y = dense(o.reshape(*o.shape[:-2], -1), w.reshape(-1, w.shape[-1]))
+    w = weight(p, "o", o.dtype)
+    y = linear(o.reshape(*o.shape[:-2], -1), p, "o", w.reshape(-1, w.shape[-1]))
     if "o_b" in p:
         y = y + p["o_b"]
     return y

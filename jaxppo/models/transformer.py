@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.models.config import LMConfig
+from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, init_adapters, quantize_stacked
 from jaxppo.models.layers import (apply_rope, attention, attention_allowed, make_param, out_proj, positions_from_mask,
                                   qkv, rms_norm, rope_cos_sin, swiglu)
 from jaxppo.models.sharding import constrain_batch, mesh_of, vocab_parallel_axes
@@ -114,10 +115,39 @@ class DecoderLayers(nnx.Module):
         for name, (shape, axes, init) in layer_param_shapes(config).items():
             key = rngs.params() if init == "normal" else None
             setattr(self, name, make_param(key, shape, axes, pd, init, config.initializer_range))
+        if config.lora is not None and config.lora.quantize_base is not None:
+            self.quantize(config.lora.quantize_base)
+        if config.lora is not None:
+            adapters = init_adapters(layer_param_shapes(config), config.lora, rngs.params(), jnp.float32)
+            for name, param in adapters.items():   # float32 factors whatever the base dtype
+                setattr(self, name, param)
+
+    def quantize(self, fmt: str) -> None:
+        """Store the seven projections q/k/v/o/gate/up/down in ``fmt`` (int8 / nf4, ``lora.quantize_stacked``)
+        in place; they are dequantized per layer at use (``layers.weight``)."""
+        shapes = layer_param_shapes(self.config)
+        stored = quantize_stacked({n: (getattr(self, n)[...], shapes[n][1]) for n in TARGETS}, fmt)
+        for name, param in stored.items():
+            setattr(self, name, param)
+
+    def base_names(self) -> list[str]:
+        """Names of the stacked base arrays (with a quantized base, the scales / block maxima too)."""
+        names = list(layer_param_shapes(self.config))
+        return names + [n + sfx for n in TARGETS for sfx in QUANT_SUFFIXES if hasattr(self, n + sfx)]
 
     def param_dict(self, dtype) -> dict[str, jax.Array]:
-        return {n: getattr(self, n)[...] if dtype is None else getattr(self, n)[...].astype(dtype)
-                for n in layer_param_shapes(self.config)}
+        """Stacked arrays by name (cast to ``dtype`` unless None). With adapters (``config.lora``) the base
+        weights are frozen (``stop_gradient``) and the factors ``<t>_lora_a`` / ``<t>_lora_b`` are added, ``B``
+        multiplied by the scale alpha/r (``jaxppo.models.lora``)."""
+        cast = (lambda a: a) if dtype is None else (lambda a: _cast_float(a, dtype))
+        spec = self.config.lora
+        out = {n: cast(_frozen(getattr(self, n)[...], spec)) for n in self.base_names()}
+        if spec is not None:
+            for t in spec.targets:
+                out[f"{t}_lora_a"] = cast(getattr(self, f"{t}_lora_a")[...])
+                b = getattr(self, f"{t}_lora_b")[...]
+                out[f"{t}_lora_b"] = cast(b * jnp.asarray(spec.scale, b.dtype))
+        return out
 
     def layer_params(self, dtype) -> list[dict[str, jax.Array]]:
         """Per-layer parameter dicts (cast to ``dtype``), layer ``i`` = the stacked arrays' row ``i``."""
@@ -140,7 +170,7 @@ class DecoderLayers(nnx.Module):
 
         def body(carry, xs):
             pl, li = xs
-            pl = {k: a.astype(x.dtype) for k, a in pl.items()}  # one layer cast at a time (no-op when unrolled)
+            pl = {k: _cast_float(a, x.dtype) for k, a in pl.items()}  # one layer at a time (no-op unrolled)
             if cache is None:
                 y, _ = _layer(cfg, pl, carry, cos, sin, allowed)
                 return constrain_batch(y, mesh), None
@@ -185,7 +215,7 @@ class Transformer(nnx.Module):
 
     def _embed(self, input_ids):
         _check_ids(input_ids)
-        return jnp.take(self.embed[...], input_ids, axis=0).astype(self.compute_dtype)
+        return jnp.take(_frozen(self.embed[...], self.config.lora), input_ids, axis=0).astype(self.compute_dtype)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         """Hidden states [B, T, D] (compute dtype) after the final norm."""
@@ -197,7 +227,7 @@ class Transformer(nnx.Module):
         slots = jnp.arange(t)
         allowed = attention_allowed(slots, slots, mask, self.config.sliding_window)
         x, _ = self.layers(self._embed(input_ids), cos, sin, allowed)
-        return rms_norm(x, self.norm[...], self.config.rms_norm_eps)
+        return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
     def init_cache(self, batch: int, length: int) -> KVCache:
         """An empty cache of ``length`` slots (layout in ``KVCache``: per-layer tuples when layers are unrolled)."""
@@ -225,7 +255,7 @@ class Transformer(nnx.Module):
         allowed = attention_allowed(q_slots, k_slots, valid, self.config.sliding_window)
         cos, sin = rope_cos_sin(positions, jnp.asarray(self.config.inv_freq()))
         x, (k, v) = self.layers(self._embed(input_ids), cos, sin, allowed, (cache.k, cache.v), index, layer_params)
-        return rms_norm(x, self.norm[...], self.config.rms_norm_eps), KVCache(k, v, valid)
+        return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps), KVCache(k, v, valid)
 
 
 class CausalLM(nnx.Module):
@@ -255,7 +285,7 @@ class CausalLM(nnx.Module):
         """
         lead, d = h.shape[:-1], h.shape[-1]
         tied = self.lm_head is None
-        w = self.model.embed[...] if tied else self.lm_head[...]
+        w = _frozen(self.model.embed[...] if tied else self.lm_head[...], self.config.lora)
         mesh = mesh_of(w)
         h2 = constrain_batch(h, mesh).reshape(-1, d)
         vp = vocab_parallel_axes(mesh, h2.shape[0], w.shape[0] if tied else w.shape[1])
@@ -313,6 +343,16 @@ def continuation_logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids
     passes share one compiled program per (model structure, shapes).
     """
     return nnx.merge(graphdef, state).continuation_logprobs(prompt_ids, prompt_mask, response_ids, response_mask)
+
+
+def _cast_float(a: jax.Array, dtype) -> jax.Array:
+    """``a`` in ``dtype`` if it is floating; integer codes of a quantized base stay as they are."""
+    return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+
+def _frozen(a: jax.Array, spec) -> jax.Array:
+    """``a`` with its gradient stopped when the model has adapters (the base is frozen), else ``a``."""
+    return a if spec is None else jax.lax.stop_gradient(a)
 
 
 def _mask_or_ones(input_ids: jax.Array, attention_mask) -> jax.Array:

@@ -175,3 +175,39 @@ def test_multihost_environment_switch(monkeypatch):
     with pytest.raises(SystemExit) as e:  # --help reaches the trainer's argument parser without initialising
         mh.main(["--help"])
     assert e.value.code == 0
+
+
+# LoRA examples: ONE GPU each; the plan from the real code path (abstract_core -> build_core), persistent state only
+# here (the 7B compile takes minutes; launch/README.md has the compiled plans with XLA's temporaries)
+LORA_EXAMPLES = {
+    "configs/examples/qwen2_5_7b_lora_80gb.yaml": (80e9, None),
+    "configs/examples/qwen2_5_7b_qlora_24gb.yaml": (24e9, "nf4"),
+}
+
+
+@pytest.mark.parametrize("path", sorted(LORA_EXAMPLES))
+def test_lora_examples_fit_one_gpu_by_the_plan(path, tmp_path):
+    import json
+
+    from jaxppo.plan import GiB, plan
+    from tests.test_plan import QWEN25_7B_HF
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B_HF))
+    hbm, fmt = LORA_EXAMPLES[path]
+    cfg = load_config(REPO / path, [f"model.path={tmp_path}"])
+    assert cfg.model.lora.rank == 16 and cfg.model.lora.quantize_base == fmt and not cfg.critic.share_trunk
+    p = plan(cfg, devices=jax.devices()[:1], hbm_gib=hbm / GiB, compile_step=False)
+    per = p["per_device"]
+    # adapters of the actor: rank 16 x (in + out) of the 7 projections x 28 layers
+    d, f, kv = 3584, 18944, 4 * 128
+    assert p["actor_parameters"] == 16 * 28 * ((d + d) + 2 * (d + kv) + (d + d) + 2 * (d + f) + (f + d))
+    assert p["base_parameters"] is not None
+    # one base, in the stated format: bf16 2 bytes/value, or NF4's 0.5 byte + a float32 per 64 on the projections
+    proj = 28 * (d * d * 2 + d * kv * 2 + 3 * d * f)
+    rest = QWEN25_7B_PARAMS - proj
+    want = 2 * QWEN25_7B_PARAMS if fmt is None else 2 * rest + proj // 2 + 4 * proj // 64
+    assert abs(per["reference_bytes"] - want) < 1e-3 * want, (per["reference_bytes"], want)
+    # actor + critic adapters (float32, the same shapes) + the bf16 value head [3584, 1] + bias: nothing else
+    assert per["params_bytes"] == 2 * 4 * p["actor_parameters"] + 2 * (d + 1)
+    assert per["total_bytes"] < hbm * (0.6 if fmt is None else 0.5)     # room left for the step's temporaries
+    assert p["fits"] is True

@@ -71,16 +71,21 @@ class DPORun:
     heldout: dict[str, np.ndarray]
     batch_shardings: dict[str, Any]
     report: Any = None
+    base: Any = None                # adapters (model.lora.rank > 0): the frozen base; ref_params all-zero factors
+
+    def params_of(self, params):
+        """What ``pair_logps`` takes: ``params``, or ``(params, base)`` with adapters."""
+        return params if self.base is None else (params, self.base)
 
     def policy(self, params=None):
-        from flax import nnx
+        from jaxppo.models.adapters import merge_with_base
 
-        return nnx.merge(self.graphdef, self.state.actor if params is None else params)
+        return merge_with_base(self.graphdef, self.state.actor if params is None else params, self.base)
 
     def reference(self):
-        from flax import nnx
+        from jaxppo.models.adapters import merge_with_base
 
-        return nnx.merge(self.graphdef, self.ref_params)
+        return merge_with_base(self.graphdef, self.ref_params, self.base)
 
 
 def check_dpo_config(cfg: Any, n_devices: int) -> None:
@@ -160,7 +165,10 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     from jaxppo.data.behaviour import default_cache_dir
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
+    from jaxppo.models import shard_model
+    from jaxppo.models.adapters import attach_lora, reference_adapters, split_frozen
     from jaxppo.models.dtypes import dtype_of
+    from jaxppo.models.lora import spec_from_config
     from jaxppo.optim import (
         init_optimizer,
         lr_schedule,
@@ -195,8 +203,16 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
     heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
 
-    graphdef, params = split_params(model)
-    ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+    base = None
+    spec = spec_from_config(cfg.model.lora)
+    if spec is None:
+        graphdef, params = split_params(model)
+        ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+    else:   # adapters on the frozen base; the reference is the base itself (no copy)
+        attach_lora(model, spec, seed=cfg.trainer.seed)
+        shard_model(model, mesh, rules)
+        graphdef, params, base = split_frozen(model)
+        ref_params = reference_adapters(params)   # adapters off: the base itself, no copy
     total = cfg.trainer.total_steps
     tx = make_optimizer(cfg.actor.optim, total)
     rep = NamedSharding(mesh, PartitionSpec())
@@ -207,10 +223,10 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     state = replicate_leaves(state, mesh)
     batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in PAIR_KEYS}
     step = make_dpo_step(graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
-                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh)
+                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=base)
     return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, graphdef=graphdef,
                   ref_params=ref_params, state=state, step=step, train=train, heldout=heldout,
-                  batch_shardings=batch_sh, report=report)
+                  batch_shardings=batch_sh, report=report, base=base)
 
 
 def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
@@ -226,7 +242,7 @@ def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tup
     from jaxppo.ops import dpo_loss
 
     d = run.cfg.dpo
-    pc, pr = pair_logps(run.graphdef, params, arrays, run.cfg.data.behaviour_batch_size)
+    pc, pr = pair_logps(run.graphdef, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size)
     lengths = dict(chosen_length=arrays["chosen_mask"].sum(1), rejected_length=arrays["rejected_mask"].sum(1))
     loss, m = dpo_loss(pc, pr, arrays["ref_chosen"], arrays["ref_rejected"], beta=d.beta, loss_type=d.loss_type,
                        label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha, **lengths)

@@ -33,7 +33,7 @@ import optax
 from flax import nnx, struct
 
 from jaxppo.ops import dpo_loss
-from jaxppo.optim import learning_rate_of, set_learning_rate
+from jaxppo.optim import learning_rate_of, set_learning_rate, shardings_of
 from jaxppo.trainer.micro import micro_grads
 
 PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
@@ -93,8 +93,9 @@ def pair_stack(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.A
 
 
 def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """``(logp_chosen [B], logp_rejected [B])``: summed response log-probs, one forward over ``[2B, P+R]``."""
-    model = nnx.merge(graphdef, params)
+    """``(logp_chosen [B], logp_rejected [B])``: summed response log-probs, one forward over ``[2B, P+R]``.
+    ``params``: the model's state, or with adapters the pair ``(trainable, base)`` (``jaxppo.models.adapters``)."""
+    model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
     lp = model.continuation_logprobs(*pair_stack(batch)).sum(axis=1)
     b = batch["prompt_ids"].shape[0]
     return lp[:b], lp[b:]
@@ -121,12 +122,13 @@ def _tree_finite(tree: Any) -> jax.Array:
 
 
 def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, hp: DPOHParams, *,
-                  state_shardings: Any = None, batch_shardings: Any = None, mesh: Any = None):
+                  state_shardings: Any = None, batch_shardings: Any = None, mesh: Any = None, base: Any = None):
     """Jitted ``(state, batch) -> (state, metrics)`` with the state donated (module doc). Micro-batches are the
     strided ones of every trainer (``jaxppo.trainer.micro.micro_grads``); with ``mesh`` they are constrained to
-    stay split over the batch axes."""
+    stay split over the batch axes. With adapters ``state.actor`` is the trainable part and ``base`` the frozen
+    one, a third, non-donated argument of the jitted function that the returned callable binds."""
 
-    def grads_of(params, batch):
+    def grads_of(params, batch, frozen=None):
         b = batch["prompt_ids"].shape[0]
         mb = hp.micro_batch_size
         if b % mb:
@@ -134,16 +136,17 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
         tpp = jnp.maximum(batch["chosen_mask"].sum(), 1) / b    # RPO's NLL: a token mean over the whole batch
 
         def one(p, x):
-            (_, metrics), g = jax.value_and_grad(lambda q: pair_loss(graphdef, q, x, hp, tpp), has_aux=True)(p)
+            (_, metrics), g = jax.value_and_grad(
+                lambda q: pair_loss(graphdef, q if frozen is None else (q, frozen), x, hp, tpp), has_aux=True)(p)
             return g, metrics
 
         grads, metrics = micro_grads(one, params, (batch,), b // mb, mesh)
         return grads, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
 
-    def step(state: DPOState, batch: dict[str, jax.Array]):
+    def step(state: DPOState, batch: dict[str, jax.Array], frozen=None):
         lr = schedule(state.step)
         opt = set_learning_rate(state.actor_opt, lr)
-        grads, metrics = grads_of(state.actor, batch)
+        grads, metrics = grads_of(state.actor, batch, frozen)
         finite = jnp.isfinite(metrics["loss"]) & _tree_finite(grads)
         safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
         updates, new_opt = tx.update(safe_grads, opt, state.actor)
@@ -161,8 +164,12 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
 
     kw = {}
     if state_shardings is not None:
-        kw = dict(in_shardings=(state_shardings, batch_shardings), out_shardings=(state_shardings, None))
-    return jax.jit(step, donate_argnums=(0,), **kw)
+        ins = (state_shardings, batch_shardings) + (() if base is None else (shardings_of(base),))
+        kw = dict(in_shardings=ins, out_shardings=(state_shardings, None))
+    jitted = jax.jit(step, donate_argnums=(0,), **kw)
+    if base is None:
+        return jitted
+    return lambda state, batch: jitted(state, batch, base)
 
 
 @functools.partial(jax.jit, static_argnums=0)

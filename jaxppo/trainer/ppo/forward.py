@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxppo import ops
+from jaxppo.models.adapters import merge_with_base, trunk_of
 from jaxppo.trainer.ppo.batch import TokenFields
 
 
@@ -30,26 +31,29 @@ def response_positions(x: jax.Array, prompt_len: int, response_len: int) -> jax.
     return x[:, prompt_len - 1:prompt_len + response_len - 1]
 
 
-def response_logits(actor_gd, actor_params, batch: TokenFields) -> jax.Array:
-    """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params``."""
-    actor = nnx.merge(actor_gd, actor_params)
+def response_logits(actor_gd, actor_params, batch: TokenFields, *, base=None) -> jax.Array:
+    """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params`` (with adapters: the
+    trainable part, ``base`` the frozen one; ``jaxppo.models.adapters``)."""
+    actor = merge_with_base(actor_gd, actor_params, base)
     ids, mask, p, r = _ids_mask(batch)
     return actor.logits_from_hidden(response_positions(actor.hidden_states(ids, mask), p, r)).astype(jnp.float32)
 
 
-def response_values(critic_gd, critic_params, batch: TokenFields) -> jax.Array:
-    """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions."""
+def response_values(critic_gd, critic_params, batch: TokenFields, *, base=None) -> jax.Array:
+    """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions; with adapters
+    ``base`` is the actor's frozen base, whose trunk the critic shares (``adapters.trunk_of``)."""
     ids, mask, p, r = _ids_mask(batch)
-    return response_positions(nnx.merge(critic_gd, critic_params)(ids, mask), p, r).astype(jnp.float32)
+    critic = merge_with_base(critic_gd, critic_params, None if base is None else trunk_of(base))
+    return response_positions(critic(ids, mask), p, r).astype(jnp.float32)
 
 
 def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
-                           share_trunk: bool) -> tuple[jax.Array, jax.Array]:
+                           share_trunk: bool, base=None) -> tuple[jax.Array, jax.Array]:
     """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``batch``."""
     if not share_trunk:
-        return (response_logits(actor_gd, actor_params, batch),
-                response_values(critic_gd, critic_params, batch))
-    actor = nnx.merge(actor_gd, actor_params)
+        return (response_logits(actor_gd, actor_params, batch, base=base),
+                response_values(critic_gd, critic_params, batch, base=base))
+    actor = merge_with_base(actor_gd, actor_params, base)
     ids, mask, p, r = _ids_mask(batch)
     h_r = response_positions(actor.hidden_states(ids, mask), p, r)
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)

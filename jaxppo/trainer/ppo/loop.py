@@ -161,7 +161,8 @@ class PPO(Algorithm):
     def summary(self, state, out: Path) -> dict[str, Any]:
         return {"train/samples_consumed": int(self.cfg.trainer.total_steps * self.mini),
                 "train/tokens_consumed": float(self.tokens_consumed),
-                **dict(self.run.pf_stats or {})}   # e.g. pf_ppo/dropped_groups
+                **dict(self.run.pf_stats or {}),   # e.g. pf_ppo/dropped_groups
+                **self.run.param_summary()}       # trainable vs total parameters (adapters: a small share)
 
     def final_evaluation(self, state, out: Path) -> dict[str, Any]:
         from jaxppo.trainer.evaluation import final_summary, write_eval_samples

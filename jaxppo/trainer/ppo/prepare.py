@@ -40,6 +40,7 @@ from jaxppo.trainer.ppo.forward import (
     response_logits,
     response_logits_values,
 )
+from jaxppo.trainer.with_base import jit_step
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 
 
@@ -78,7 +79,8 @@ def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Arra
                                                   group_id=group_id, agg=hp.replay.priority_agg)
 
 
-def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_shardings=None, hp: StepHP | None = None):
+def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_shardings=None, hp: StepHP | None = None,
+                    base=None):
     """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer: the buffer's
     ``BufferItem.prepared`` (``batch.Prepared``) is replaced, its ``data`` kept.
 
@@ -86,6 +88,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
     a critic-free estimator gets ``V = None`` (no critic forward, no ``values`` in the buffer) and the rows'
     ``group_id`` (the buffer holds whole groups: ``setup.group_windows``). ``algorithm.norm_adv`` whitens the
     advantages of critic estimators only (the critic-free ones normalise per group / batch themselves).
+    ``base``: the frozen base of models with adapters (``jaxppo.trainer.with_base``).
     """
     hp = step_hparams(cfg) if hp is None else hp
     ah = hp.advantage
@@ -95,16 +98,16 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
     prioritized = hp.replay.prioritized
     mesh = None if state_shardings is None else state_shardings.rng.mesh
 
-    def prepare(state):
+    def prepare(state, base=None):
         item: BufferItem = state.replay.storage
         d = item.data
 
         def one(batch: Tokens):
             if critic is None:
-                logits, values = response_logits(actor_gd, state.actor, batch), None
+                logits, values = response_logits(actor_gd, state.actor, batch, base=base), None
             else:
                 logits, values = response_logits_values(actor_gd, state.actor, critic_gd, state.critic, batch,
-                                                        share_trunk=share)
+                                                        share_trunk=share, base=base)
             logp, _ = logp_entropy(logits, batch.response_ids, batch.response_mask)
             return logp, values
 
@@ -133,9 +136,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
         rs = replay_lib.set_priorities(rs, idx, stored)
         return state.replace(replay=rs)
 
-    if state_shardings is None:
-        return jax.jit(prepare, donate_argnums=0)
-    return jax.jit(prepare, donate_argnums=0, in_shardings=(state_shardings,), out_shardings=state_shardings)
+    return jit_step(prepare, state_shardings, mesh, base, out_scalars=False)
 
 
 def pf_filter(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, int]]:

@@ -27,6 +27,16 @@ from jaxppo.optim import (
     shardings_of,
     split_params,
 )
+from jaxppo.models.adapters import (
+    TRAINABLE,
+    attach_lora,
+    lora_critic,
+    merge_with_base,
+    reference_adapters,
+    split_frozen,
+)
+from jaxppo.models.heads import ValueModel
+from jaxppo.models.lora import spec_from_config
 from jaxppo.trainer.harness import check_rows
 from jaxppo.trainer.micro import check_mesh
 from jaxppo.trainer.policy_eval import split_data
@@ -55,7 +65,7 @@ class Run:
     model_path: str
     actor_gd: Any
     critic_gd: Any               # None without a critic (critic-free advantage estimator)
-    ref_params: Any              # frozen initial policy (reference), for evaluation
+    ref_params: Any              # frozen initial policy (reference), for evaluation; adapters: all-zero factors
     state: TrainState
     prepare: Any                 # jitted state -> state
     step: Any                    # jitted state -> (state, metrics)
@@ -66,6 +76,9 @@ class Run:
     report: Any = None           # the data report (rows seen, kept, skipped by reason)
     windows: list = dataclasses.field(default_factory=list)  # dataset rows of each buffer window (whole groups)
     pf_stats: dict = dataclasses.field(default_factory=dict)  # e.g. {"pf_ppo/dropped_groups": n}
+    base: Any = None             # adapters (model.lora.rank > 0): the frozen base every role shares
+    params_trainable: int = 0    # parameters that get gradients (actor + critic)
+    params_total: int = 0        # all parameters (the base counted once)
 
     @property
     def tokens_per_step(self) -> int:
@@ -73,10 +86,14 @@ class Run:
                                                          + self.train["response_ids"].shape[1]))
 
     def policy(self, params=None) -> nnx.Module:
-        return nnx.merge(self.actor_gd, self.state.actor if params is None else params)
+        return merge_with_base(self.actor_gd, self.state.actor if params is None else params, self.base)
 
     def reference(self) -> nnx.Module:
-        return nnx.merge(self.actor_gd, self.ref_params)
+        """The frozen initial policy: with adapters the base with its adapters off (no copy of its weights)."""
+        return merge_with_base(self.actor_gd, self.ref_params, self.base)
+
+    def param_summary(self) -> dict[str, int]:
+        return {"model/params_trainable": int(self.params_trainable), "model/params_total": int(self.params_total)}
 
 
 def check_config(cfg: Any, n_devices: int) -> None:
@@ -192,12 +209,13 @@ class Core:
 
 
 def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params, replay_state, *,
-               chunk: int) -> Core:
+               chunk: int, base=None) -> Core:
     """Optimizers, the initial ``TrainState`` and the jitted prepare/step: ONE code path for ``build_run``
     (concrete arrays on ``mesh``) and ``jaxppo.plan`` (``ShapeDtypeStruct`` leaves carrying their shardings,
     nothing allocated). Optimizer states are sharded like their parameters (``init_optimizer``); the scalar
     fields are replicated. ``critic_params=None`` (critic-free estimator): no critic optimizer, ``critic`` and
-    ``critic_opt`` None."""
+    ``critic_opt`` None. ``base``: the frozen base of models with adapters (``actor_params`` / ``critic_params``
+    are then only their trainable parts), an argument of the jitted functions (``jaxppo.trainer.with_base``)."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     hp = step_hparams(cfg)
@@ -229,9 +247,10 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
         state = replicate_leaves(state, mesh)
     shardings = shardings_of(state)
     capacity = replay_state.capacity
-    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp)
+    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp,
+                              base=base)
     step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh,
-                           hp=hp)
+                           hp=hp, base=base)
     return Core(state=state, actor_tx=actor_tx, critic_tx=critic_tx, prepare=prepare, step=step)
 
 
@@ -287,6 +306,10 @@ def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: i
 
     with_critic = step_hparams(cfg).critic is not None
     lm_cfg = lm_config(hf_config, cfg.model)
+    spec = spec_from_config(cfg.model.lora)
+    if spec is not None:
+        return _abstract_lora_core(cfg, mesh, rules, lm_cfg.replace(lora=spec), with_critic, prompt_len=prompt_len,
+                                   response_len=response_len, n_rows=n_rows)
     critic_lm_cfg = None
     if with_critic and cfg.critic.model_path and not cfg.critic.share_trunk:
         if critic_hf_config is None:
@@ -315,6 +338,48 @@ def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: i
     rs = abstract_replay(cfg, mesh, capacity, example_item(prompt_len, response_len, critic=with_critic))
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
     return core, actor_gd, critic_gd, actor_params
+
+
+def _abstract_lora_core(cfg, mesh, rules, lm_cfg, with_critic: bool, *, prompt_len: int, response_len: int,
+                        n_rows: int | None):
+    """``abstract_core`` with adapters: the 4th result is the frozen base (the reference is the base itself)."""
+    _check_lora_critic(cfg, with_critic)
+    actor_gd, actor_params, base = split_frozen(nnx.eval_shape(lambda: _new_lm(lm_cfg)))
+    actor_params, base = _with_shardings(actor_params, mesh, rules), _with_shardings(base, mesh, rules)
+    critic_gd = critic_params = None
+    if with_critic:
+        critic_gd, critic_params = _lora_critic(cfg, lm_cfg, abstract=True)
+        critic_params = _with_shardings(critic_params, mesh, rules)
+    _, capacity, chunk = buffer_layout(cfg, cfg.replay.capacity if n_rows is None else n_rows, mesh)
+    rs = abstract_replay(cfg, mesh, capacity, example_item(prompt_len, response_len, critic=with_critic))
+    core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk, base=base)
+    return core, actor_gd, critic_gd, base
+
+
+def _new_lm(lm_cfg):
+    from jaxppo.models import CausalLM
+    return CausalLM(lm_cfg, rngs=nnx.Rngs(0))
+
+
+def _check_lora_critic(cfg, with_critic: bool) -> None:
+    if with_critic and cfg.critic.model_path and not cfg.critic.share_trunk:
+        raise ConfigError("model.lora.rank > 0 with critic.model_path: the critic shares the policy's frozen base "
+                          "(its own adapters and value head); set critic.model_path=null")
+
+
+def _lora_critic(cfg, lm_cfg, *, abstract: bool):
+    """``(critic_gd, trainable)``: a bare value head (``critic.share_trunk``) or a ``ValueModel`` on the shared base
+    with its own adapters (``adapters.lora_critic``)."""
+    from jaxppo.models import ScalarHead
+    if cfg.critic.share_trunk:
+        make = lambda: ScalarHead(lm_cfg.hidden_size, rngs=nnx.Rngs(cfg.trainer.seed),  # noqa: E731
+                                  std=lm_cfg.initializer_range, dtype=lm_cfg.param_dtype)
+        return split_params(nnx.eval_shape(make) if abstract else make())
+    if abstract:
+        gd, trainable, _ = nnx.split(nnx.eval_shape(lambda: ValueModel(lm_cfg, rngs=nnx.Rngs(cfg.trainer.seed))),
+                                     TRAINABLE, ...)
+        return gd, trainable
+    return lora_critic(lm_cfg, seed=cfg.trainer.seed)
 
 
 def build_run(cfg: Any, *, devices=None) -> Run:
@@ -367,6 +432,10 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     rs = replay_lib.add(rs, BufferItem(data=window_items(train, rows, valid),
                                        prepared=zero_prepared(capacity, r_len, critic=with_critic)))
 
+    spec = spec_from_config(cfg.model.lora)
+    if spec is not None:
+        return _finish_lora_run(cfg, mesh, rules, tokenizer, model_path, actor_model, spec, rs, train, heldout,
+                                n_use, capacity, chunk, report, windows, pf_stats)
     actor_gd, actor_params = split_params(actor_model)
     critic_gd = critic_params = None
     if hp.critic is not None:
@@ -381,10 +450,43 @@ def build_run(cfg: Any, *, devices=None) -> Run:
         critic_gd, critic_params = split_params(critic_model)
     ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), actor_params)
     core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk)
+    n = _n_params((actor_params, critic_params))
     return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
                critic_gd=critic_gd, ref_params=ref_params, state=core.state, prepare=core.prepare, step=core.step,
                train=train, heldout=heldout, n_use=n_use, capacity=capacity, report=report, windows=windows,
-               pf_stats=pf_stats)
+               pf_stats=pf_stats, params_trainable=n, params_total=n)
+
+
+def _n_params(tree) -> int:
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+def _finish_lora_run(cfg, mesh, rules, tokenizer, model_path, actor_model, spec, rs, train, heldout, n_use,
+                     capacity, chunk, report, windows, pf_stats) -> Run:
+    """``build_run``'s models with adapters: the actor's adapters, a critic on the same base (or a bare value head
+    with ``critic.share_trunk``; none when critic-free), the base outside the train state, no reference copy."""
+    from jaxppo.models import named_shardings, shard_model
+
+    with_critic = step_hparams(cfg).critic is not None
+    _check_lora_critic(cfg, with_critic)
+    attach_lora(actor_model, spec, seed=cfg.trainer.seed)
+    shard_model(actor_model, mesh, rules)
+    actor_gd, actor_params, base = split_frozen(actor_model)
+    critic_gd = critic_params = None
+    if with_critic:
+        critic_gd, critic_params = _lora_critic(cfg, actor_model.config, abstract=False)
+        critic_params = jax.device_put(critic_params, named_shardings(critic_params, mesh, rules))
+    core = build_core(cfg, mesh, actor_gd, actor_params, critic_gd, critic_params, rs, chunk=chunk, base=base)
+    trainable = _n_params((actor_params, critic_params))
+    total = trainable + _n_params(base)
+    logger.info("LoRA rank %d on %s: %d trainable parameters of %d (%.3f%%); frozen base shared by the reference%s",
+                spec.rank, ",".join(spec.targets), trainable, total, 100.0 * trainable / total,
+                " and the critic" if with_critic and not cfg.critic.share_trunk else "")
+    return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, actor_gd=actor_gd,
+               critic_gd=critic_gd, ref_params=reference_adapters(actor_params), state=core.state, prepare=core.prepare, step=core.step,
+               train=train, heldout=heldout, n_use=n_use, capacity=capacity, report=report, windows=windows,
+               pf_stats=pf_stats, base=base, params_trainable=trainable,
+               params_total=total)
 
 
 def load_window(run: Run, state: TrainState, refresh_index: int) -> TrainState:

@@ -51,7 +51,6 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
@@ -70,6 +69,7 @@ from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 from jaxppo.trainer.ppo.prepare import td_residuals
 from jaxppo.trainer.ppo.state import TrainState
 from jaxppo.trainer.registry import POLICY_LOSSES
+from jaxppo.trainer.with_base import jit_step
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
 
@@ -227,16 +227,17 @@ class Phase(NamedTuple):
     epochs: int
 
 
-def make_phases(hp: StepHP, actor_gd, critic_gd) -> list[Phase]:
+def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     """Separate models: an actor phase (``actor.ppo_epochs``) and a critic phase (``critic.ppo_epochs``,
     loss ``c_v·vf``). ``share_trunk``: one joint phase ``pg − c_H·H + c_KL·kl + c_v·vf`` over (trunk+LM
     head, value head) with ``actor.ppo_epochs`` epochs (every joint update moves the policy, so the
     policy's epoch count governs; ``critic.ppo_epochs`` is not used). Critic-free (``hp.critic is None``):
-    the actor phase only."""
+    the actor phase only. ``base``: the frozen base of models with adapters (a constant of every loss: no
+    gradient reaches it)."""
     c = hp.critic
 
     def actor_loss(params, batch, w, counts):
-        la, aux = actor_terms(hp, response_logits(actor_gd, params[0], batch.data), batch, w, counts)
+        la, aux = actor_terms(hp, response_logits(actor_gd, params[0], batch.data, base=base), batch, w, counts)
         return la, (_f32({**aux, "_loss": la}), None)
 
     if c is None:
@@ -244,7 +245,7 @@ def make_phases(hp: StepHP, actor_gd, critic_gd) -> list[Phase]:
     if c.share_trunk:
         def joint(params, batch, w, counts):
             logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], batch.data,
-                                                    share_trunk=True)
+                                                    share_trunk=True, base=base)
             la, aux_a = actor_terms(hp, logits, batch, w, counts)
             vf, aux_c, prio = critic_terms(hp, values, batch, w, counts)
             total = la + c.vf_coef * vf
@@ -252,7 +253,8 @@ def make_phases(hp: StepHP, actor_gd, critic_gd) -> list[Phase]:
         return [Phase(("actor", "critic"), joint, hp.actor_epochs)]
 
     def critic_loss(params, batch, w, counts):
-        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data), batch, w, counts)
+        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data, base=base), batch, w,
+                                       counts)
         lc = c.vf_coef * vf
         return lc, (_f32({**aux, "_loss": lc}), prio)
 
@@ -330,12 +332,14 @@ _GRAD_NORM_KEYS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTransformation,
                     critic_tx: optax.GradientTransformation | None, *, state_shardings=None, mesh=None,
-                    hp: StepHP | None = None):
+                    hp: StepHP | None = None, base=None):
     """The jitted step ``state -> (state, metrics)`` (donated state; explicit shardings with a mesh).
 
     ``cfg`` gives only the LR schedules (``actor.optim`` / ``critic.optim``, ``trainer.total_steps``); everything
     else comes from ``hp`` (default ``hparams.step_hparams(cfg)``). Critic-free (``hp.critic is None``): no critic
-    phase, no ``critic/*`` metrics, ``state.critic`` stays None.
+    phase, no ``critic/*`` metrics, ``state.critic`` stays None. With adapters, ``base`` is the frozen base
+    (``jaxppo.models.adapters``): the jitted function takes it as a second, non-donated argument and the
+    returned callable (:class:`WithBase`) binds it, so callers still call ``step(state)``.
     """
     hp = step_hparams(cfg) if hp is None else hp
     rh, pf = hp.replay, hp.pf
@@ -346,11 +350,11 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     critic_lr = lr_schedule(cfg.critic.optim, cfg.trainer.total_steps)
     txs = {"actor": actor_tx, "critic": critic_tx}
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
-    phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
-              for ph in make_phases(hp, actor_gd, critic_gd)]
     kc = cfg.algorithm.kl_ctrl
 
-    def step(state: TrainState):
+    def step(state: TrainState, frozen=None):
+        phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
+                  for ph in make_phases(hp, actor_gd, critic_gd, frozen)]
         key = jax.random.fold_in(state.rng, state.step)
         k_sample, k_pf = jax.random.split(key)
         beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if prioritized else jnp.float32(0.0)
@@ -425,7 +429,4 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return new, metrics
 
-    if state_shardings is None:
-        return jax.jit(step, donate_argnums=0)
-    rep = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(step, donate_argnums=0, in_shardings=(state_shardings,), out_shardings=(state_shardings, rep))
+    return jit_step(step, state_shardings, mesh, base, out_scalars=True)

@@ -1,0 +1,140 @@
+"""PPO / GRPO with LoRA adapters (model.lora.rank > 0) end to end on stories260K: only the adapters (and the
+critic's adapters and value head) are in the train state and change, the frozen base is one set of arrays that
+the reference and the critic share and that no step donates or changes, hf/ holds the merged model."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _names(tree) -> list[str]:
+    return ["/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+@pytest.mark.slow
+def test_lora_ppo_with_gae_critic_on_the_shared_base(make_cfg, tmp_path):
+    from jaxppo.hf import load_pretrained
+    from jaxppo.trainer.ppo.loop import fit
+    from jaxppo.trainer.ppo.setup import build_run
+
+    cfg = make_cfg("model.lora.rank=4", "model.lora.alpha=8", "trainer.total_steps=6", "trainer.save_every=3",
+                   "replay.refresh_every=3", "data.eval_fraction=0.1", "trainer.eval_prompts=4",
+                   "trainer.save_hf=true")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    assert run.base is not None    # the reference: the base with all-zero adapters, no copy of the base
+    assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(run.ref_params))
+    assert _names(run.ref_params) == _names(run.state.actor)
+    actor_names, critic_names = _names(run.state.actor), _names(run.state.critic)
+    assert actor_names and all("_lora_" in n for n in actor_names)
+    assert any("value_head" in n for n in critic_names) and any("_lora_" in n for n in critic_names)
+    assert all("_lora_" in n or "value_head" in n for n in critic_names), "the critic must not hold a base"
+    assert 0 < run.params_trainable < run.params_total / 4
+    base0 = jax.tree.map(np.array, run.base)
+    actor0 = jax.tree.map(np.array, run.state.actor)
+    ref_logits = np.asarray(run.reference()(run.train["prompt_ids"][:2], run.train["prompt_mask"][:2]))
+
+    summary, state = fit(cfg, run=run)
+    assert summary["model/params_trainable"] == run.params_trainable
+    assert summary["model/params_total"] == run.params_total
+    # the base is still alive (never donated) and unchanged; the adapters moved
+    for a, b in zip(jax.tree.leaves(base0), jax.tree.leaves(run.base)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    moved = [np.max(np.abs(np.asarray(b) - a)) for a, b in zip(jax.tree.leaves(actor0), jax.tree.leaves(state.actor))]
+    assert max(moved) > 0
+    np.testing.assert_array_equal(np.asarray(run.reference()(run.train["prompt_ids"][:2],
+                                                             run.train["prompt_mask"][:2])), ref_logits)
+    # hf/: the merged model, the same logits as the adapter forward
+    ids, mask = run.train["prompt_ids"][:3], run.train["prompt_mask"][:3]
+    merged = load_pretrained(tmp_path / "run" / "hf")
+    np.testing.assert_allclose(np.asarray(merged(ids, mask)), np.asarray(run.policy(state.actor)(ids, mask)),
+                               atol=1e-4)
+    assert np.isfinite(summary["eval/reward_after"])
+    ckpt = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert ckpt["model/params_trainable"] == run.params_trainable
+
+
+def test_lora_grpo_on_an_int8_base_runs_a_few_steps(make_cfg):
+    from jaxppo.trainer.ppo.loop import fit
+    from jaxppo.trainer.ppo.setup import build_run
+
+    cfg = make_cfg("model.lora.rank=2", "model.lora.targets=[q,v]", "algorithm.adv_estimator=grpo",
+                   "model.lora.quantize_base=int8", "trainer.total_steps=3", "trainer.save_every=3",
+                   "data.eval_fraction=0")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    assert run.state.critic is None and run.critic_gd is None
+    assert run.base["model"]["layers"]["q"].get_value().dtype == np.int8   # QLoRA: int8 codes + scales
+    names = _names(run.state.actor)
+    assert len(names) == 4 and all(any(k in n for n in names) for k in ("q_lora_a", "q_lora_b", "v_lora_a",
+                                                                        "v_lora_b"))
+    _, state = fit(cfg, run=run)
+    assert int(state.step) == 3 and int(state.nan_total) == 0
+
+
+def test_lora_config_errors(make_cfg):
+    from jaxppo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.lora.targets"):
+        make_cfg("model.lora.rank=2", "model.lora.targets=[q,wq]")
+    with pytest.raises(ConfigError, match="model.lora.dropout"):
+        make_cfg("model.lora.rank=2", "model.lora.dropout=0.1")
+    with pytest.raises(ConfigError, match="model.lora.rank"):
+        make_cfg("model.lora.rank=-1")
+
+
+@pytest.mark.slow
+def test_lora_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_data, compile_cache):
+    """The resume test of test_loop.py with adapters: the checkpoint holds adapters, optimizer and replay state
+    only (the base is re-read from model.path), and a SIGKILLed run resumed with resume=auto logs the same
+    metrics as an uninterrupted one."""
+    import os
+    import signal
+    import time
+
+    from tests.trainer.ppo.test_loop import _cli, _deterministic, _rows
+
+    extra = ("data.eval_fraction=0", "model.lora.rank=4", "trainer.total_steps=8")
+    full = _cli(tmp_path / "full", stories_model, scored_data, compile_cache, *extra)
+    victim = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
+    ckpt = tmp_path / "victim" / "checkpoints" / "4"
+    deadline = time.time() + 240
+    while not ckpt.is_dir() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert victim.poll() is None, "the run ended before its first checkpoint:\n" + victim.communicate()[0][-3000:]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    resumed = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
+    out_r, out_f = resumed.communicate(timeout=300)[0], full.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out_r[-3000:]
+    assert full.returncode == 0, out_f[-3000:]
+    a = [_deterministic(r) for r in _rows(tmp_path / "full" / "metrics.jsonl")]
+    b = [_deterministic(r) for r in _rows(tmp_path / "victim" / "metrics.jsonl")]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 9))
+    for ra, rb in zip(a, b):
+        assert ra == rb, f"step {ra['step']} differs after resume"
+    assert json.loads((tmp_path / "victim" / "summary.json").read_text())["resumed_from"] >= 4
+    # no base weights in the checkpoint: far smaller than the 260K-parameter model's float32 weights x 3
+    size = sum(f.stat().st_size for f in (tmp_path / "full" / "checkpoints" / "8").rglob("*") if f.is_file())
+    assert size < 260_032 * 4 * 3, size
+
+
+@pytest.mark.slow
+def test_lora_with_share_trunk_trains_the_head_through_the_policy_adapters(make_cfg):
+    from jaxppo.trainer.ppo.loop import fit
+    from jaxppo.trainer.ppo.setup import build_run
+
+    cfg = make_cfg("model.lora.rank=2", "critic.share_trunk=true", "trainer.total_steps=2", "trainer.save_every=2",
+                   "data.eval_fraction=0")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    names = _names(run.state.critic)
+    assert names and all("_lora_" not in n for n in names)        # a bare value head on the policy's trunk
+    head0 = jax.tree.map(np.array, run.state.critic)
+    _, state = fit(cfg, run=run)
+    assert int(state.nan_total) == 0
+    assert max(np.max(np.abs(np.asarray(b) - a)) for a, b in zip(jax.tree.leaves(head0),
+                                                                 jax.tree.leaves(state.critic))) > 0
