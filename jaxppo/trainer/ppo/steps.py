@@ -161,7 +161,7 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     a = hp.actor
     d, pr = batch.data, batch.prepared
     m = d.response_mask.astype(jnp.float32)
-    logp, ent = logp_entropy(logits, d.response_ids, d.response_mask)
+    logp, ent = logp_entropy(logits, d.response_ids, d.response_mask, entropy_grad=a.entropy_coeff != 0)
     prox = pr.prox_logp
     rho, keep, ism = behaviour_weights(hp, prox, d.behaviour_logprobs, m)
     ml = m * keep
@@ -170,7 +170,7 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     pg_loss, pgm = POLICY_LOSSES.get(a.policy_loss)(logp, prox, pr.advantages, ml, a, weights)
     entropy = ops.aggregate(ent * cw, ml, a.agg)
     kl_loss = ops.aggregate(ops.kl_penalty(logp, d.ref_logp, a.kl_loss_type) * cw, ml, a.agg)
-    total = pg_loss - a.entropy_coeff * entropy
+    total = pg_loss - a.entropy_coeff * entropy if a.entropy_coeff != 0 else pg_loss  # c_H = 0: H logged only
     if a.use_kl_loss:
         total = total + a.kl_loss_coef * kl_loss
     seq_rho = (rho * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
