@@ -16,7 +16,8 @@
 2. Fresh log-probs/entropy/values; behaviour correction ``ρ = ops.importance_weights(prox, μ)``
    (``importance.enabled=false``: ``ρ = 1``; then ``is/*`` describe the applied weights, all 1, and the
    weights that would be applied are logged as ``is_diag/*``); loss weights ``sg(w_i·c_i·ρ_t)``.
-3. Losses: actor ``pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref))``, critic ``c_v·vf`` with the value loss
+3. Losses: actor ``pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref))`` (``c_H = 0``: ``H`` is only logged, computed without
+   a backward pass over ``[B,R,V]``), critic ``c_v·vf`` with the value loss
    weighted by the PER weights ``w_i`` (separate models: two independent losses, ``c_v`` only scales
    the critic's gradient; ``critic.share_trunk``: one joint loss, the sum). Gradients are accumulated
    over ``B / ppo_micro_batch_size`` micro-batches (``lax.scan``, mean of micro-batch gradients); each
