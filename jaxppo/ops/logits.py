@@ -22,6 +22,26 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
     return lse - jnp.sum(pz, axis=-1)
 
 
+def entropy_metric_from_logits(logits: jax.Array) -> jax.Array:
+    """The entropy of :func:`entropy_from_logits` for logging only (no gradient: ``stop_gradient`` on the logits).
+
+    ``H = lse − Σ_v e_v·z_v / s`` with ``a = max_v z_v`` (0 if not finite), ``e = exp(z − a)``, ``s = Σ_v e_v``,
+    ``lse = log s + a``: one exponential pass whose ``exp(z − a)`` is the one ``jax.nn.logsumexp`` computes for the
+    log-probs of the same logits (XLA shares it), instead of the separate softmax pass of the differentiable form.
+    Equal to :func:`entropy_from_logits` up to float rounding. ``logits [..., V] -> [...]``; ``-inf`` logits
+    contribute 0.
+    """
+    if jnp.ndim(logits) < 1:
+        raise ValueError(f"logits must have a vocabulary axis [..., V], got shape {list(jnp.shape(logits))}")
+    z = jax.lax.stop_gradient(jnp.asarray(logits).astype(compute_dtype(logits)))
+    a = jnp.max(z, axis=-1, keepdims=True)
+    a = jnp.where(jnp.isfinite(a), a, 0.0)
+    e = jnp.exp(z - a)
+    s = jnp.sum(e, axis=-1, keepdims=True)
+    ez = jnp.sum(jnp.where(e > 0, e * z, 0.0), axis=-1, keepdims=True)
+    return (jnp.log(s) + a - ez / s)[..., 0]
+
+
 def logprobs_from_logits(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """``log softmax(z)[..., token]``: ``z[token] - logsumexp(z)``; ``logits [..., V]``, ``tokens [...]`` int.
 

@@ -15,6 +15,7 @@ from flax import nnx
 
 from jaxppo import ops
 from jaxppo.models.adapters import merge_with_base, trunk_of
+from jaxppo.ops.logits import entropy_metric_from_logits
 from jaxppo.trainer.ppo.batch import TokenFields
 
 
@@ -61,9 +62,16 @@ def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, bat
     return logits, values.astype(jnp.float32)
 
 
-def logp_entropy(logits: jax.Array, response_ids: jax.Array, response_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(log π(y_t), H_t)`` [B,R], both 0 outside ``response_mask``."""
+def logp_entropy(logits: jax.Array, response_ids: jax.Array, response_mask: jax.Array, *,
+                 entropy_grad: bool = True) -> tuple[jax.Array, jax.Array]:
+    """``(log π(y_t), H_t)`` [B,R], both 0 outside ``response_mask``.
+
+    ``entropy_grad=False`` (an entropy coefficient of 0: ``H`` is only logged): ``H`` is
+    ``ops.logits.entropy_metric_from_logits`` (no gradient, one shared exponential pass over ``[B,R,V]``) instead of the
+    differentiable ``ops.entropy_from_logits`` (a softmax pass and its backward).
+    """
     m = response_mask.astype(jnp.float32)
     logp = ops.logprobs_from_logits(logits, response_ids.astype(jnp.int32)) * m
-    ent = ops.entropy_from_logits(logits) * m
+    ent_fn = ops.entropy_from_logits if entropy_grad else entropy_metric_from_logits
+    ent = ent_fn(logits) * m
     return logp, ent

@@ -16,7 +16,8 @@
 2. Fresh log-probs/entropy/values; behaviour correction ``ρ = ops.importance_weights(prox, μ)``
    (``importance.enabled=false``: ``ρ = 1``; then ``is/*`` describe the applied weights, all 1, and the
    weights that would be applied are logged as ``is_diag/*``); loss weights ``sg(w_i·c_i·ρ_t)``.
-3. Losses: actor ``pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref))``, critic ``c_v·vf`` with the value loss
+3. Losses: actor ``pg(w·ρ) − c_H·H + c_KL·agg(kl(θ, ref))`` (``c_H = 0``: ``H`` is only logged, computed without
+   a backward pass over ``[B,R,V]``), critic ``c_v·vf`` with the value loss
    weighted by the PER weights ``w_i`` (separate models: two independent losses, ``c_v`` only scales
    the critic's gradient; ``critic.share_trunk``: one joint loss, the sum). Gradients are accumulated
    over ``B / ppo_micro_batch_size`` micro-batches (``lax.scan``, mean of micro-batch gradients); each
@@ -161,7 +162,7 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     a = hp.actor
     d, pr = batch.data, batch.prepared
     m = d.response_mask.astype(jnp.float32)
-    logp, ent = logp_entropy(logits, d.response_ids, d.response_mask)
+    logp, ent = logp_entropy(logits, d.response_ids, d.response_mask, entropy_grad=a.entropy_coeff != 0)
     prox = pr.prox_logp
     rho, keep, ism = behaviour_weights(hp, prox, d.behaviour_logprobs, m)
     ml = m * keep
@@ -170,7 +171,7 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     pg_loss, pgm = POLICY_LOSSES.get(a.policy_loss)(logp, prox, pr.advantages, ml, a, weights)
     entropy = ops.aggregate(ent * cw, ml, a.agg)
     kl_loss = ops.aggregate(ops.kl_penalty(logp, d.ref_logp, a.kl_loss_type) * cw, ml, a.agg)
-    total = pg_loss - a.entropy_coeff * entropy
+    total = pg_loss - a.entropy_coeff * entropy if a.entropy_coeff != 0 else pg_loss  # c_H = 0: H logged only
     if a.use_kl_loss:
         total = total + a.kl_loss_coef * kl_loss
     seq_rho = (rho * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)

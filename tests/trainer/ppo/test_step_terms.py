@@ -127,3 +127,47 @@ def test_count_weights_hand_case():
     np.testing.assert_allclose(count_weights(c, mask, "token-mean")[:, 0], [0.0, 1.0, 3.0])
     np.testing.assert_allclose(count_weights(c, mask, "seq-mean-token-mean")[:, 0], [0.0, 0.75, 2.25])
     np.testing.assert_allclose(count_weights(None, mask, "token-mean"), np.ones((3, 1)))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_zero_entropy_coeff_keeps_loss_gradient_and_logged_entropy(jit):
+    """With ``entropy_coeff=0`` the entropy leaves the gradient path (logged through the no-gradient form): the
+    loss and its gradient equal the differentiable formula's ``pg − 0·H``, ``actor/entropy`` equals ``H``."""
+    from jaxppo.trainer.ppo.steps import actor_terms
+
+    items, logits = _items(seed=3)
+    batch = as_batch(items)
+
+    def loss_of(cfg, old_formula):
+        def f(z, batch):
+            total, aux = actor_terms(cfg, z, batch, jnp.ones(4))
+            if old_formula:       # the pre-change loss: pg − c_H·H + c_KL·kl with the differentiable entropy
+                a = cfg.actor
+                m = batch.data.response_mask.astype(jnp.float32)
+                h = ops.aggregate(ops.entropy_from_logits(z) * m, m, a.agg)
+                total = aux["actor/pg_loss"] - a.entropy_coeff * h
+                if a.use_kl_loss:
+                    total = total + a.kl_loss_coef * aux["actor/kl_loss"]
+            return total, aux
+        g = jax.value_and_grad(f, has_aux=True)
+        return jax.jit(g) if jit else g
+
+    cfg0 = _cfg("actor.entropy_coeff=0.0")
+    (l_new, aux), g_new = loss_of(cfg0, False)(logits, batch)
+    (l_old, _), g_old = loss_of(cfg0, True)(logits, batch)
+    assert float(l_new) == float(l_old)
+    np.testing.assert_array_equal(np.asarray(g_new), np.asarray(g_old))
+    assert float(jnp.max(jnp.abs(g_new))) > 0
+    m = np.asarray(items["response_mask"], np.float64)
+    lg = np.asarray(logits, np.float64)
+    p = np.exp(lg - lg.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    h = -(p * np.log(p)).sum(-1)
+    np.testing.assert_allclose(float(aux["actor/entropy"]), (h * m).sum() / m.sum(), rtol=1e-5)
+    # a non-zero coefficient still differentiates the entropy: its gradient is that of pg − c_H·H
+    cfg1 = _cfg("actor.entropy_coeff=0.01")
+    (l1, _), g1 = loss_of(cfg1, False)(logits, batch)
+    (l1_old, _), g1_old = loss_of(cfg1, True)(logits, batch)
+    np.testing.assert_allclose(float(l1), float(l1_old), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g1), np.asarray(g1_old), rtol=1e-5, atol=1e-8)
+    assert float(jnp.max(jnp.abs(g1 - g_new))) > 1e-6
