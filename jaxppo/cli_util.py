@@ -46,12 +46,6 @@ def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | Non
     return args, cfg
 
 
-def _process_index() -> int:
-    """``jax.process_index()`` when jax is imported (it is, under ``jax.distributed``), else 0."""
-    jax = sys.modules.get("jax")
-    return 0 if jax is None else jax.process_index()
-
-
 def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> None:
     """Write jaxppo's INFO logs to ``out_dir/name`` (console output is printed by the commands).
 
@@ -63,7 +57,8 @@ def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> N
     for h in [h for h in root.handlers if getattr(h, "_jaxppo_cli", False)]:
         root.removeHandler(h)
         h.close()
-    if out_dir is not None and _process_index() == 0:
+    jax = sys.modules.get("jax")   # imported (and initialised) by launch/multihost.py under several processes
+    if out_dir is not None and (jax is None or jax.process_index() == 0):
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         h = logging.FileHandler(Path(out_dir) / name, encoding="utf-8")
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
