@@ -49,14 +49,16 @@ def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | Non
 def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> None:
     """Write jaxppo's INFO logs to ``out_dir/name`` (console output is printed by the commands).
 
-    A handler added by an earlier call is replaced, so repeated calls in one process do not stack.
+    A handler added by an earlier call is replaced, so repeated calls in one process do not stack. Under several
+    processes (``launch/multihost.py``) only process 0 writes the file; the others log to stderr only.
     """
     root = logging.getLogger("jaxppo")
     root.setLevel(logging.INFO)
     for h in [h for h in root.handlers if getattr(h, "_jaxppo_cli", False)]:
         root.removeHandler(h)
         h.close()
-    if out_dir is not None:
+    jax = sys.modules.get("jax")   # imported (and initialised) by launch/multihost.py under several processes
+    if out_dir is not None and (jax is None or jax.process_index() == 0):
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         h = logging.FileHandler(Path(out_dir) / name, encoding="utf-8")
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))

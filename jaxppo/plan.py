@@ -21,7 +21,9 @@ devices), never from hand arithmetic:
 - ``total_bytes``: the sum; ``fits``: ``per_device.total_bytes <= hbm_gib · 2^30`` (``null`` without ``--hbm-gib``).
 
 The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
-plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports.
+plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports. That
+mesh is the GLOBAL one of a multi-host run (``launch/multihost.py``: ``mesh.data × mesh.fsdp × mesh.tensor`` counts
+the devices of all hosts): run the plan in one process, and its per-device bytes are what each chip holds.
 """
 
 from __future__ import annotations

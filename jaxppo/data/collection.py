@@ -31,6 +31,7 @@ from jaxppo.data.conversation import Text, apply_chat_template_file, check_promp
 from jaxppo.data.report import DataError, DataReport, RowSkip
 from jaxppo.data.tokenize import encode_prompts, fit_prompt, left_pad, pad_id_of
 from jaxppo.models.eos import eos_ids, eos_tuple
+from jaxppo.parallel.host import is_main_process, to_host
 
 
 def read_prompts(path: str | None, max_prompts: int | None = None) -> list[Text]:
@@ -106,7 +107,7 @@ def sample_responses(model: Any, prompt_ids: Sequence[Sequence[int]], *, max_pro
         gen = generate(model, ids, mask, jax.random.fold_in(key, b), max_new_tokens=max_new_tokens,
                        temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
                        pad_token_id=pad_id)
-        toks, lps, gmask = (np.asarray(x) for x in (gen.tokens, gen.logprobs, gen.mask))
+        toks, lps, gmask = to_host((gen.tokens, gen.logprobs, gen.mask))
         for j, (i, k) in enumerate(chunk):
             keep = gmask[j].astype(bool)
             n_real = int(keep.sum())
@@ -192,7 +193,8 @@ def collect(cfg: Config, reward_fn: Callable[[Sequence[str], Sequence[str]], np.
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     data_file = out_dir / ("data.parquet" if ro.output_format == "parquet" else "data.jsonl")
-    _write_table(columns, data_file)
+    if is_main_process():   # several processes: every one sampled the same rows, process 0 writes
+        _write_table(columns, data_file)
     lengths = np.array([len(r) for r in columns["response_ids"]])
     meta = {
         "data_file": data_file.name,
@@ -215,7 +217,8 @@ def collect(cfg: Config, reward_fn: Callable[[Sequence[str], Sequence[str]], np.
         "prompt_report": report.to_dict(),
         "config": to_dict(cfg),
     }
-    (out_dir / "metadata.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    if is_main_process():
+        (out_dir / "metadata.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return meta
 
 

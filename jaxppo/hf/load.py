@@ -134,7 +134,7 @@ def load_weights(model: CausalLM, source: TensorSource, *, mesh: Mesh | None = N
         abstract = var.get_value()
         shape, dtype = tuple(abstract.shape), jnp.dtype(abstract.dtype)
         spec = mesh_spec(var, mesh, rules) if mesh is not None else None
-        full = NamedSharding(mesh, spec) if mesh is not None else SingleDeviceSharding(jax.devices()[0])
+        full = NamedSharding(mesh, spec) if mesh is not None else SingleDeviceSharding(jax.local_devices()[0])
         if items[0][1].per_layer:
             row_sh = NamedSharding(mesh, PartitionSpec(*tuple(spec)[1:])) if mesh is not None else full
             buf = _zeros_fn(shape, dtype, full)()

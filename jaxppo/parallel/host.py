@@ -11,7 +11,7 @@ all-gather); every process must call it, in the same order, on the same arrays.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -97,6 +97,28 @@ def broadcast_from_main(tree: Any) -> Any:
     if jax.process_count() == 1:
         return tree
     return to_host(multihost_utils.broadcast_one_to_all(tree))
+
+
+def steps_from_main(steps: Sequence[int]) -> list[int]:
+    """Process 0's list of integers (e.g. the checkpoint steps it sees) on every process; ``steps`` on one.
+
+    The lists may differ in length between processes (each lists its own filesystem): the length is
+    broadcast first, then the values.
+    """
+    if jax.process_count() == 1:
+        return [int(s) for s in steps]
+    n = int(broadcast_from_main(np.asarray(len(steps), np.int32)))
+    local = np.asarray(list(steps) if is_main_process() else [0] * n, np.int32).reshape(n)
+    return [int(s) for s in np.asarray(broadcast_from_main(local)).reshape(n)]
+
+
+def float_from_main(x: float) -> float:
+    """Process 0's ``float`` on every process, bit for bit (sent as the two 32-bit halves of its float64); ``x`` on
+    one process. For values a decision is taken on (the held-out perplexity of the rollback guard)."""
+    if jax.process_count() == 1:
+        return float(x)
+    halves = np.asarray(broadcast_from_main(np.asarray([x], np.float64).view(np.int32)), np.int32)
+    return float(halves.view(np.float64)[0])
 
 
 def use_distributed_barriers() -> None:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxppo.parallel.host import is_main_process, to_host
 from jaxppo.data.tokenize import encode_prompts, encode_responses, fit_prompt, fit_response, left_pad, pad_id_of, right_pad
 
 WEIGHTS = "reward_model.safetensors"
@@ -33,12 +34,15 @@ def _flat_params(model: nnx.Module) -> list[tuple[str, nnx.Variable]]:
 
 
 def save_reward_model(model: Any, out_dir: str | Path, *, tokenizer: Any = None, meta: dict | None = None) -> Path:
-    """Write ``model`` (a ``jaxppo.models.RewardModel``) to ``out_dir`` (see the module docstring)."""
+    """Write ``model`` (a ``jaxppo.models.RewardModel``) to ``out_dir`` (see the module docstring). Under several
+    processes every process reads the weights (``to_host``: a collective for sharded ones), only process 0 writes."""
     from safetensors.numpy import save_file
 
     out = Path(out_dir)
+    tensors = {name: np.ascontiguousarray(to_host(var.get_value())) for name, var in _flat_params(model)}
+    if not is_main_process():
+        return out
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {name: np.ascontiguousarray(np.asarray(jax.device_get(var.get_value()))) for name, var in _flat_params(model)}
     save_file(tensors, str(out / (WEIGHTS + ".tmp")), metadata={"format": "jaxppo-reward-model"})
     (out / (WEIGHTS + ".tmp")).replace(out / WEIGHTS)
     (out / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2), encoding="utf-8")
@@ -121,7 +125,7 @@ def score_arrays(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, 
         if m < bs:
             ids = np.concatenate([ids, np.repeat(ids[:1], bs - m, 0)])
             mask = np.concatenate([mask, np.repeat(mask[:1], bs - m, 0)])
-        out.append(np.asarray(_scores(graphdef, state, ids, mask))[:m])
+        out.append(to_host(_scores(graphdef, state, ids, mask))[:m])
     return np.concatenate(out).astype(np.float32)
 
 

@@ -27,6 +27,7 @@ from flax import nnx
 
 from jaxppo.data.pipeline import load_rows, prompt_groups, split_by_group, tokenize_rows
 from jaxppo.data.report import DataReport
+from jaxppo.parallel.host import host_scalar, is_main_process
 from jaxppo.rewards.model_io import save_reward_model
 
 logger = logging.getLogger("jaxppo.rewards")
@@ -137,8 +138,8 @@ def evaluate(eval_step: Callable, params: Any, arrays: dict[str, np.ndarray], ro
     for batch in iterate_batches(arrays, rows, min(batch_size, len(rows))):
         s, w = eval_step(params, batch)
         for k, v in s.items():
-            tot[k] = tot.get(k, 0.0) + float(v)
-        n += float(w)
+            tot[k] = tot.get(k, 0.0) + host_scalar(v)
+        n += host_scalar(w)
     return {k: v / n for k, v in tot.items()}
 
 
@@ -210,8 +211,8 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
             params, opt_state, m = step(params, opt_state, batch, np.int32(n_steps))
             n_steps += 1
             w = float(batch["weight"].sum())
-            ep["loss"] += float(m["loss"]) * w
-            ep["accuracy"] += float(m["accuracy"]) * w
+            ep["loss"] += host_scalar(m["loss"]) * w
+            ep["accuracy"] += host_scalar(m["accuracy"]) * w
         ev = evaluate(eval_step, params, arrays, eval_rows, ev_bs)
         rec = {"epoch": epoch + 1, "train/loss": ep["loss"] / len(train_rows),
                "train/accuracy": ep["accuracy"] / len(train_rows),
@@ -251,5 +252,6 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
             "chat_template": cfg.data.chat_template})
         metrics["model_dir"] = str(out)
         metrics["time/total_s"] = time.perf_counter() - t0
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+        if is_main_process():
+            (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return TrainResult(metrics=metrics, model=model, report=report)

@@ -31,6 +31,7 @@ from jaxppo.data.report import RowSkip
 from jaxppo.data.schemas import PreferencePair
 from jaxppo.data.tokenize import encode_rows, fit_prompt, fit_response, left_pad, pad_id_of, right_pad
 from jaxppo.data.validation import require_rows
+from jaxppo.parallel.host import is_main_process
 
 
 def score_texts(scorer: Any, prompts: Sequence[Text],
@@ -103,10 +104,11 @@ def score_dataset(cfg: Config) -> dict:
     metrics.update(loaded.report.flat_metrics())
     metrics["data_report"] = loaded.report.to_dict()
     metrics["time_s"] = time.perf_counter() - t0
-    with open(out / "scores.jsonl", "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
-    (out / "score_metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    if is_main_process():   # several processes: every one scored the same rows, process 0 writes
+        with open(out / "scores.jsonl", "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+        (out / "score_metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return metrics
 
 
@@ -153,11 +155,12 @@ def preference_to_scored(cfg: Config) -> dict:
     records = scored_records(rows, rc, rj)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (SCORED_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp.replace(out / SCORED_FILE)
+    if is_main_process():   # several processes: every one scored the same rows, process 0 writes
+        tmp = out / (SCORED_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        tmp.replace(out / SCORED_FILE)
     metrics: dict = {"data": cfg.data.path, "output": str(out / SCORED_FILE),
                      "score_source": "reward_model" if scorer is not None else "label",
                      "model_path": cfg.reward.model_path, "n_pairs": len(rows), "n_rows": len(records),
@@ -170,7 +173,8 @@ def preference_to_scored(cfg: Config) -> dict:
     metrics.update(loaded.report.flat_metrics())
     metrics["data_report"] = loaded.report.to_dict()
     metrics["time_s"] = time.perf_counter() - t0
-    (out / "to_scored_metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    if is_main_process():
+        (out / "to_scored_metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return metrics
 
 

@@ -35,6 +35,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxppo.optim import param_finite
+from jaxppo.parallel.host import all_processes, is_main_process, steps_from_main
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -158,6 +159,14 @@ def _quiet_orbax():
             log.setLevel(level)
 
 
+def _join_restore_barrier() -> None:
+    """After a failed read under several processes: wait at the barrier that ends Orbax's restore
+    (``Checkpointer:restore``, orbax-checkpoint 0.12), where the processes that read their shards wait, so that all
+    of them can then agree on the outcome (``Checkpointer.restore_newest``) instead of waiting there forever."""
+    if jax.process_count() > 1:
+        ocp.multihost.sync_global_processes(ocp.multihost.unique_barrier_key("Checkpointer:restore"))
+
+
 class Checkpointer:
     """Save/restore ``TrainState`` + JSON metadata under ``directory`` (keeps the newest ``keep_last`` and the
     newest verified checkpoint)."""
@@ -265,19 +274,29 @@ class Checkpointer:
         Raises ``CheckpointMismatchError`` (stored paths/shapes/dtypes differ from ``like``) or
         ``CheckpointDamagedError`` (the files cannot be read). Orbax's own log records (warnings and tracebacks
         about the files it cannot read) are held back: the raised error says what happened, once."""
+        raw, meta = self.read(step, like)
+        return self.materialise(raw, like), meta
+
+    def read(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
+        """The files of ``step`` as Orbax assembles them (this process reads its own devices' shards; no program
+        runs) and the metadata; errors as :meth:`restore`."""
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         with _quiet_orbax():
             try:
                 out = self.manager.restore(int(step), args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-                meta = dict(out.meta)
+                return out.state, dict(out.meta)
             except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
                 _hold_back_closed_loop_errors()
+                _join_restore_barrier()
                 raise self._classify(int(step), like, e) from e
-        # re-materialise as jit outputs: arrays assembled by the restore are not reliably donatable
+
+    @staticmethod
+    def materialise(raw: Any, like: Any) -> Any:
+        """``raw`` (from :meth:`read`) re-made as jit outputs with ``like``'s shardings: arrays assembled by the
+        restore are not reliably donatable. A program: under several processes every process must run it."""
         shardings = jax.tree.map(lambda x: x.sharding, like)
-        state = jax.jit(lambda t: jax.tree.map(lambda x: x.copy(), t), out_shardings=shardings)(out.state)
-        return state, meta
+        return jax.jit(lambda t: jax.tree.map(lambda x: x.copy(), t), out_shardings=shardings)(raw)
 
     def move_aside(self, step: int) -> Path:
         """Rename ``<dir>/<step>`` to ``<dir>/<step>.damaged-<UTC time>`` (Orbax no longer lists it)."""
@@ -300,26 +319,46 @@ class Checkpointer:
 
         Damaged checkpoints met on the way are moved aside (:meth:`move_aside`) and reported through
         ``on_damaged(step, new_path, reason)``; a ``CheckpointMismatchError`` is raised as is.
+
+        Several processes decide once, together (no process may restore another step than the others): the
+        candidates are process 0's list (:func:`jaxppo.parallel.steps_from_main`), a checkpoint counts as
+        readable only when every process read it (:func:`jaxppo.parallel.all_processes`), and only process 0
+        moves a damaged one aside (the others report the path it was at).
         """
         self.manager.wait_until_finished()
         result = Restored(step=None)
         while True:
-            candidates = self.verified_steps() if verified_only else self.all_steps()
+            candidates = steps_from_main(self.verified_steps() if verified_only else self.all_steps())
+            if result.damaged and not is_main_process():
+                self.manager.reload()   # process 0 has moved the damaged one aside (before the broadcast above)
             if not candidates:
                 return result
             step = candidates[-1]
-            try:
-                state, meta = self.restore(step, like)
-            except CheckpointDamagedError as e:
-                moved = self.move_aside(step)
+            err: CheckpointError | None = None
+            try:   # each process reads its own shards; the program that re-makes the state runs once all could
+                raw, meta = self.read(step, like)
+            except CheckpointError as e:
+                err = e
+            if not all_processes(err is None):
+                if isinstance(err, CheckpointMismatchError):
+                    raise err
+                why = str(err) if err is not None else (f"checkpoint step {step} in {self.directory} is damaged "
+                                                        "(another process could not read it)")
+                moved = self.move_aside(step) if is_main_process() else self._forget(step)
                 # the caller reports it (``on_damaged`` / ``Restored.damaged``: the trainers log one warning event)
-                logger.info("%s; moved it to %s and trying an older checkpoint", e, moved)
-                result.damaged.append((step, moved, str(e)))
+                logger.info("%s; moved it to %s and trying an older checkpoint", why, moved)
+                result.damaged.append((step, moved, why))
                 if on_damaged is not None:
-                    on_damaged(step, moved, str(e))
+                    on_damaged(step, moved, why)
                 continue
-            result.step, result.state, result.meta = step, state, meta
+            result.step, result.state, result.meta = step, self.materialise(raw, like), meta
             return result
+
+    def _forget(self, step: int) -> Path:
+        """What a process other than 0 does for a damaged checkpoint that process 0 moves aside: drop it from the
+        verified set; returns the path it was at."""
+        self._verified.discard(int(step))
+        return self.directory / str(int(step))
 
     # ------------------------------------------------------------------ lifecycle
     def wait(self) -> None:

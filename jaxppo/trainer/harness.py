@@ -37,12 +37,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import to_dict
-from jaxppo.parallel.host import is_main_process, to_host
+from jaxppo.parallel.host import broadcast_from_main, float_from_main, from_host, is_main_process, to_host
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.run_dir import RunStart, metrics_logger, start_run
 
@@ -157,13 +155,16 @@ def show_report(report: Any) -> dict[str, Any]:
 
 
 def heldout_ppl(algo: Algorithm, params: Any) -> float:
-    """Perplexity of the policy ``params`` on ``algo.heldout_sequences()`` (NaN without held-out tokens)."""
+    """Perplexity of the policy ``params`` on ``algo.heldout_sequences()`` (NaN without held-out tokens). Under
+    several processes every process gets process 0's value (:func:`jaxppo.parallel.float_from_main`), so the
+    perplexity guard's baseline and rollback decisions are taken once."""
     from jaxppo.trainer.evaluation import heldout_perplexity
 
     arr = algo.heldout_sequences()
     if arr["prompt_ids"].shape[0] == 0 or np.asarray(arr["response_mask"]).sum() == 0:
         return float("nan")
-    return heldout_perplexity(algo.run.policy(params), arr, batch_size=algo.cfg.data.behaviour_batch_size)
+    return float_from_main(heldout_perplexity(algo.run.policy(params), arr,
+                                              batch_size=algo.cfg.data.behaviour_batch_size))
 
 
 def _meta(algo: Algorithm, guards, train_time_s: float) -> dict[str, Any]:
@@ -175,14 +176,14 @@ def restore_fields(state: Any, good: Any, fields: tuple[str, ...]) -> Any:
     """The rollback as a pure function of two states: ``state`` with the ``fields`` of the restored checkpoint
     ``good`` and a zero NaN streak (everything else of ``state`` kept)."""
     return state.replace(**{k: getattr(good, k) for k in fields},
-                         nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
+                         nan_streak=from_host(np.int32(0), state.nan_streak.sharding))
 
 
 def rollback(algo: Algorithm, ckpt: Checkpointer, state: Any, step_no: int, mlog: Any = None) -> Any:
     """Restore ``algo.rollback_fields`` from the newest verified checkpoint (module doc); damaged checkpoints met on
     the way are moved aside and logged."""
     # the NaN streak restarts whatever happens next (the guard reads it from the state)
-    state = state.replace(nan_streak=jax.device_put(jnp.int32(0), state.nan_streak.sharding))
+    state = state.replace(nan_streak=from_host(np.int32(0), state.nan_streak.sharding))
     ckpt.wait()
 
     def note_damaged(bad: int, moved: Path, why: str) -> None:   # the checkpointer has logged the warning
@@ -190,7 +191,8 @@ def rollback(algo: Algorithm, ckpt: Checkpointer, state: Any, step_no: int, mlog
             mlog.event(step_no, "checkpoint_damaged", f"{why}; moved aside to {moved.name}",
                        checkpoint_step=bad, moved_to=str(moved))
 
-    verified_only = ckpt.newest_verified() is not None
+    # process 0's view decides (restore_newest then agrees on the step with every process)
+    verified_only = bool(broadcast_from_main(np.int32(ckpt.newest_verified() is not None)))
     res = ckpt.restore_newest(state, verified_only=verified_only, on_damaged=note_damaged)
     if res.step is None and verified_only:
         res = ckpt.restore_newest(state, on_damaged=note_damaged)
@@ -215,7 +217,7 @@ def apply_action(algo: Algorithm, ckpt: Checkpointer, state: Any, act: Any, step
     if act.kind == "lower_lr":
         scale = cut_lr_scale(float(to_host(state.lr_scale)), act.data, algo.cfg.actor.optim.lr)
         logger.warning("step %d: actor LR scale %.4g -> %.4g", step_no, float(to_host(state.lr_scale)), scale)
-        return state.replace(lr_scale=jax.device_put(jnp.float32(scale), state.lr_scale.sharding))
+        return state.replace(lr_scale=from_host(np.float32(scale), state.lr_scale.sharding))
     if act.kind == "rollback":
         return rollback(algo, ckpt, state, step_no, mlog)
     return state

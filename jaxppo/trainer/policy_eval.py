@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxppo.config import Config, to_dict
+from jaxppo.parallel.host import is_main_process
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -143,7 +144,8 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     out.mkdir(parents=True, exist_ok=True)
     write_eval_samples(out / "eval_samples.jsonl", ref_ev, pol_ev, names=("reference", "policy"),
                        response_prefix="response_")
-    (out / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    if is_main_process():
+        (out / "eval.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     return result
 
 

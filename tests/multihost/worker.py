@@ -60,9 +60,72 @@ def one_dies(out_dir: str) -> None:
     print("second collective returned (should not happen)", flush=True)
 
 
-SCENARIOS = {"global_array": global_array, "one_dies": one_dies}
+def decisions(out_dir: str) -> None:
+    """Decisions taken once: the helpers get DIFFERENT local inputs on the two processes and must return process
+    0's value (or the agreement of all) everywhere; then a checkpoint whose shards only process 1 reads is damaged
+    (the data files of ``ocdbt.process_1`` overwritten) and ``restore_newest`` must restore the same older step on both."""
+    import json
+
+    from jaxppo.parallel import all_processes, float_from_main, from_host, make_mesh, steps_from_main, to_host
+    from jaxppo.trainer.checkpoint import Checkpointer, CheckpointError
+
+    me = jax.process_index()
+    got = {"steps": np.asarray(steps_from_main([1, 2, 30] if me == 0 else [7])),
+           "float": np.asarray(float_from_main(1.0 / 3.0 if me == 0 else 2.0)),
+           "all_true": np.asarray(all_processes(True)), "all_mixed": np.asarray(all_processes(me == 0))}
+    mesh = make_mesh(2, 4, 1)
+    sh = NamedSharding(mesh, P(("data", "fsdp")))   # every row on one device: each process writes its own rows
+    base = np.arange(8 * 8192, dtype=np.float32).reshape(8, 8192)   # big enough not to be inlined in the manifest
+    from flax import struct
+
+    @struct.dataclass
+    class State:   # what Checkpointer.save checks: the parameters are `actor`
+        actor: dict
+
+    like = State(actor={"w": from_host(base, sh)})
+    ckdir = os.path.join(out_dir, "ckpt")
+    ckpt = Checkpointer(ckdir, keep_last=5, async_save=False)
+    for step in (1, 2):
+        assert ckpt.save(step, State(actor={"w": from_host(base * step, sh)}), {"note": "decisions"})
+    ckpt.wait()
+    all_processes(True)   # both saves are complete everywhere
+    damaged = []
+    if me == 0:
+        for root, _, files in os.walk(os.path.join(ckdir, "2")):
+            if "ocdbt.process_1" in root and os.path.basename(root) == "d":   # its data files, not its manifest
+                for f in files:
+                    with open(os.path.join(root, f), "r+b") as fh:
+                        fh.write(b"\0" * max(os.path.getsize(os.path.join(root, f)), 16))
+                    damaged.append(os.path.relpath(os.path.join(root, f), ckdir))
+        print(f"damaged {len(damaged)} files of process 1: {damaged}", flush=True)
+    all_processes(True)   # the damage is on disk before anyone reads
+    try:   # each process's own view, undecided: process 0 reads step 2, process 1 cannot (files only, no program)
+        ckpt.read(2, like)
+        got["local_ok"] = np.asarray(True)
+    except CheckpointError as e:
+        got["local_ok"] = np.asarray(False)
+        print(f"process {me}: step 2 unreadable here: {str(e)[:200]}", flush=True)
+    res = ckpt.restore_newest(like)
+    got["restored_step"] = np.asarray(res.step)
+    got["restored"] = to_host(res.state.actor["w"])
+    got["damaged_steps"] = np.asarray([d[0] for d in res.damaged])
+    ckpt.close()
+    np.savez(os.path.join(out_dir, f"decisions.{me}.npz"), **got)
+    if me == 0:
+        with open(os.path.join(out_dir, "damaged_files.json"), "w") as fh:
+            json.dump(damaged, fh)
+    print(f"process {me}: restored step {res.step}", flush=True)
+
+
+SCENARIOS = {"global_array": global_array, "one_dies": one_dies, "decisions": decisions}
 
 if __name__ == "__main__":
     if os.environ.get("JAXPPO_NUM_PROCESSES", "1") != "1" or "JAXPPO_COORDINATOR" in os.environ:
+        if sys.argv[1] == "decisions":   # Orbax under several processes: as launch/multihost.py sets it up
+            jax.config.update("jax_cpu_enable_async_dispatch", False)
         init()
+        if sys.argv[1] == "decisions":
+            from jaxppo.parallel.host import use_distributed_barriers
+
+            use_distributed_barriers()
     SCENARIOS[sys.argv[1]](sys.argv[2])

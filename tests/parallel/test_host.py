@@ -97,3 +97,13 @@ def test_decisions_on_one_process():
     assert all_processes(True) is True and all_processes(False) is False
     tree = {"step": np.int32(7), "ok": np.bool_(True)}
     assert broadcast_from_main(tree) is tree
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), max_size=12), st.floats(allow_nan=False))
+def test_steps_and_float_from_main_on_one_process(steps, x):
+    """One process: the broadcast helpers return their input (as ints / the same float, bit for bit); the
+    2-process behaviour is tests/multihost/test_decisions.py."""
+    from jaxppo.parallel import float_from_main, steps_from_main
+
+    assert steps_from_main(steps) == steps and all(type(s) is int for s in steps_from_main(steps))
+    assert float_from_main(x) == x and isinstance(float_from_main(x), float)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import ConfigError
+from jaxppo.parallel.host import from_host, host_scalar, to_host
 from jaxppo.trainer.dpo.step import (
     PAIR_KEYS,
     DPOHParams,
@@ -48,7 +49,6 @@ from jaxppo.trainer.dpo.step import (
 )
 from jaxppo.trainer.harness import Algorithm, check_rows
 from jaxppo.trainer.harness import fit as fit_with
-from jaxppo.parallel.host import to_host
 from jaxppo.trainer.run_dir import RunStart
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -216,7 +216,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     total = cfg.trainer.total_steps
     tx = make_optimizer(cfg.actor.optim, total)
     rep = NamedSharding(mesh, PartitionSpec())
-    scalar = lambda v, dt: jax.device_put(jnp.asarray(v, dt), rep)  # noqa: E731
+    scalar = lambda v, dt: from_host(np.asarray(v, dt), rep)  # noqa: E731
     state = DPOState(step=scalar(0, jnp.int32), actor=params, actor_opt=init_optimizer(tx, params, mesh),
                      lr_scale=scalar(1.0, jnp.float32), nan_total=scalar(0, jnp.int32),
                      nan_streak=scalar(0, jnp.int32), data_cursor=scalar(0, jnp.int32))
@@ -233,7 +233,7 @@ def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
     """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``), on the mesh."""
     n = run.train["prompt_ids"].shape[0]
     idx = batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, n)
-    return {k: jax.device_put(np.asarray(run.train[k][idx]), run.batch_shardings[k]) for k in PAIR_KEYS}
+    return {k: from_host(run.train[k][idx], run.batch_shardings[k]) for k in PAIR_KEYS}
 
 
 def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
@@ -246,8 +246,8 @@ def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tup
     lengths = dict(chosen_length=arrays["chosen_mask"].sum(1), rejected_length=arrays["rejected_mask"].sum(1))
     loss, m = dpo_loss(pc, pr, arrays["ref_chosen"], arrays["ref_rejected"], beta=d.beta, loss_type=d.loss_type,
                        label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha, **lengths)
-    out = {k: float(v) for k, v in m.items()}
-    out["loss"] = float(jnp.mean(loss))
+    out = {k: host_scalar(v) for k, v in m.items()}
+    out["loss"] = host_scalar(jnp.mean(loss))
     right = (d.beta * (pc - arrays["ref_chosen"]) > d.beta * (pr - arrays["ref_rejected"])).astype(np.float64)
     return out, right
 

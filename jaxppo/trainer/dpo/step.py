@@ -34,6 +34,7 @@ from flax import nnx, struct
 
 from jaxppo.ops import dpo_loss
 from jaxppo.optim import learning_rate_of, set_learning_rate, shardings_of
+from jaxppo.parallel.host import to_host
 from jaxppo.trainer.micro import micro_grads
 
 PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
@@ -70,7 +71,7 @@ class DPOHParams:
 
 @functools.lru_cache(maxsize=4)
 def _epoch_perm(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.asarray(jax.random.permutation(jax.random.fold_in(jax.random.PRNGKey(seed), epoch), n))
+    return to_host(jax.random.permutation(jax.random.fold_in(jax.random.PRNGKey(seed), epoch), n))
 
 
 def batch_indices(seed: int, cursor: int, batch_size: int, n: int) -> np.ndarray:
@@ -193,8 +194,8 @@ def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_
         if m < bs:
             chunk = {k: np.concatenate([v, np.repeat(v[:1], bs - m, axis=0)]) for k, v in chunk.items()}
         c, r = _pair_logps_jit(graphdef, params, chunk)
-        out_c.append(np.asarray(c)[:m])
-        out_r.append(np.asarray(r)[:m])
+        out_c.append(to_host(c)[:m])
+        out_r.append(to_host(r)[:m])
     return np.concatenate(out_c).astype(np.float32), np.concatenate(out_r).astype(np.float32)
 
 

@@ -1,0 +1,125 @@
+"""Real processes: ``launch/multihost.py dpo`` trains ~64 HH-RLHF pairs on stories260K under 2 processes x 4 devices
+(``jax.distributed`` over 127.0.0.1, gloo CPU collectives) and its per-step losses equal those of 1 process x 8
+devices on the same (data=2, fsdp=4) mesh; only process 0 wrote files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.multihost import procs
+from tests.trainer.dpo.conftest import TINY
+
+pytestmark = pytest.mark.slow
+
+REPO = procs.REPO
+STEPS = 6
+KEYS = ("loss", "rewards/margins", "logps/chosen", "grad_norm")
+RTOL = 1e-4
+
+
+def _overrides(stories_model: Path, hh_pairs: Path, out: Path) -> list[str]:
+    return [f"model.path={stories_model}", f"data.path={hh_pairs}", f"data.cache_dir={out}.cache", f"trainer.output_dir={out}", *TINY,
+            f"trainer.total_steps={STEPS}", "trainer.save_every=3", "trainer.eval_every=3", "trainer.save_hf=true",
+            "mesh.data=2", "mesh.fsdp=4"]
+
+
+def _rows(out: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in rows if "step" in r}
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+@pytest.fixture(scope="module")
+def hh_pairs(shared_dir) -> Path:
+    p = shared_dir / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+    if not p.is_file():
+        pytest.fail(f"HH-RLHF pairs not found at {p}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def dpo_runs(tmp_path_factory, stories_model, hh_pairs):
+    """(one, two, results of the 2 processes): 1 process x 8 devices and 2 processes x 4 devices (run together)."""
+    base = tmp_path_factory.mktemp("mh_dpo")
+    one, two = base / "one", base / "two"
+    p1 = procs.start([sys.executable, "-m", "jaxppo.dpo", *_overrides(stories_model, hh_pairs, one)], n=1,
+                     devices=8, logdir=base / "logs1", env={"JAXPPO_DISTRIBUTED": "0"})
+    p2 = procs.start(procs.python(str(REPO / "launch/multihost.py"), "dpo", *_overrides(stories_model, hh_pairs, two)),
+                     n=2, devices=4, logdir=base / "logs2")
+    r2 = procs.wait(p2, timeout=float(os.environ.get("JAXPPO_MULTIHOST_TIMEOUT", 1200)))
+    r1 = procs.wait(p1, timeout=600)
+    for r in r1 + r2:
+        assert r.returncode == 0, "\n".join(x.describe() for x in r1 + r2)
+    return one, two, r2
+
+
+def test_dpo_two_processes_match_one(dpo_runs):
+    one, two, _ = dpo_runs
+    m1, m2 = _rows(one), _rows(two)
+    assert sorted(m1) == sorted(m2) == list(range(1, STEPS + 1))
+    worst: dict[str, float] = {}
+    for step in m1:
+        for k in KEYS + (("eval/loss", "eval/rewards/accuracies") if step % 3 == 0 else ()):
+            a, b = m1[step][k], m2[step][k]
+            assert np.isfinite(a) and np.isfinite(b), (step, k)
+            worst[k] = max(worst.get(k, 0.0), _rel(a, b))
+    print(f"worst relative difference, steps 1-{STEPS}:", worst)
+    assert all(v <= RTOL for v in worst.values()), worst
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    assert s1["n_train_pairs"] == s2["n_train_pairs"] and s1["n_heldout_pairs"] == s2["n_heldout_pairs"]
+    for k in ("eval/rewards/accuracies", "train/rewards/accuracies", "eval/loss"):
+        assert _rel(s1[k], s2[k]) <= RTOL, (k, s1[k], s2[k])
+
+
+def test_dpo_only_process_zero_wrote(dpo_runs):
+    one, two, res = dpo_runs
+    for name in ("metrics.jsonl", "events.jsonl"):   # process 1 appending would double the lines
+        if (one / name).exists():
+            assert len((two / name).read_text().splitlines()) == len((one / name).read_text().splitlines()), name
+
+    def names(d: Path) -> list[str]:
+        return sorted(str(p.relative_to(d)) for p in d.rglob("*") if "checkpoints" not in p.parts)
+    assert names(two) == names(one)
+    assert {"summary.json", "config.json", "hf/config.json", "hf/model.safetensors"} <= set(names(two))
+    assert sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())[-1] == STEPS
+    # the log file: process 0's lines only (each carries the process tag of launch/multihost.py)
+    log = (two / "dpo.log").read_text()
+    assert "[process 0/2]" in log and "[process 1/2]" not in log
+    assert "process 1/2" in res[1].stderr
+
+
+def test_dpo_one_process_killed_the_other_stops(tmp_path, stories_model, hh_pairs):
+    """Process 1 of a 2-process DPO run is SIGKILLed once the first checkpoint exists: process 0 exits non-zero
+    within 60 s with a message naming the failed process (the coordination service's heartbeat)."""
+    import re
+    import signal
+    import time
+
+    out = tmp_path / "killed"
+    ps = procs.start(procs.python(str(REPO / "launch/multihost.py"), "dpo", *_overrides(stories_model, hh_pairs, out),
+                                  "trainer.total_steps=200", "trainer.eval_every=null"),
+                     n=2, devices=4, logdir=tmp_path / "logs")
+    t0 = time.monotonic()
+    while not (out / "checkpoints" / "3").is_dir():
+        assert time.monotonic() - t0 < 900 and all(p.poll() is None for p, _, _ in ps), \
+            "\n".join(r.describe() for r in procs.wait(ps, 1))
+        time.sleep(0.5)
+    ps[1][0].send_signal(signal.SIGKILL)
+    t_kill = time.time()
+    res = procs.wait(ps, timeout=120)
+    survivor = res[0]
+    assert res[1].returncode == -9, res[1].describe()
+    assert survivor.returncode not in (0, None), survivor.describe()
+    waited = (tmp_path / "logs" / "proc0.err").stat().st_mtime - t_kill
+    assert waited < 60, f"process 0 needed {waited:.0f} s to stop\n{survivor.describe()}"
+    assert re.search(r"task 1 heartbeat timeout", survivor.stderr, re.IGNORECASE), survivor.stderr[-3000:]
+    assert not (out / "summary.json").exists()
