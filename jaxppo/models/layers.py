@@ -92,14 +92,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
     kh = k.shape[1] if kv_heads_first else k.shape[2]
     kv = "bksd" if kv_heads_first else "bskd"
     qg = q.reshape(b, t, kh, h // kh, hd)
-    low = is_low_precision(q.dtype)
-    if low:  # 16-bit products both ways (``mixed_einsum``), float32 scores and softmax
-        scores = mixed_einsum(f"btkgd,{kv}->bkgts", qg, k, jnp.float32) * (hd ** -0.5)
-    else:
-        scores = jnp.einsum(f"btkgd,{kv}->bkgts", qg, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
+    # not mixed_einsum: XLA:CPU (jax 0.10.2) cannot run these batched bf16 x bf16 -> f32 dots in every layout
+    # ("Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32" for the value product at decode time)
+    scores = jnp.einsum(f"btkgd,{kv}->bkgts", qg, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
     scores = jnp.where(allowed[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = mixed_einsum(f"bkgts,{kv}->btkgd", probs, v) if low else jnp.einsum(f"bkgts,{kv}->btkgd", probs, v)
+    out = jnp.einsum(f"bkgts,{kv}->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
 
 
