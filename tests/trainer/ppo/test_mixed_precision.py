@@ -84,7 +84,7 @@ def test_bf16_compute_ratios_kl_losses_are_float32(jit):
     assert all(bool(jnp.all(jnp.isfinite(jnp.asarray(v)))) for v in jax.tree.leaves(q))
 
 
-@pytest.mark.parametrize("share_trunk", [False, True])
+@pytest.mark.parametrize("share_trunk", [pytest.param(False, marks=pytest.mark.slow), True])  # False: ~30 s
 def test_bf16_compute_grads_and_optimizer_updates_are_float32(share_trunk):
     """The whole differentiated step under jit: float32 loss and metrics, float32 gradients of the float32
     master weights, float32 Adam updates and parameters after ``optax.apply_updates``."""
