@@ -20,8 +20,11 @@ attention-weighted values over the full T x T, as both implementations compute t
 MFU = model FLOP/s / the best FLOP/s of a large matmul in the same framework's process.
 
     python benchmarks/model.py [--layers 30] [--batch 8] [--seq 128] [--repeats 5] [--rounds 2]
-                               [--scan-layers auto|true|false] [--dtype float32|bfloat16]
-                               [--out benchmarks/results/model.json]
+                               [--scan-layers auto|true|false] [--dtype float32|bfloat16|float32,bfloat16]
+                               [--frameworks jax,torch] [--out benchmarks/results/model.json]
+
+``--dtype float32,bfloat16 --frameworks jax`` reports the bfloat16 / float32 speed-up of jaxppo's own step
+(``speedup_bf16_over_f32``: float32 median / bfloat16 median; each dtype in its own processes).
 """
 
 from __future__ import annotations
@@ -155,9 +158,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=2, help="JAX child then torch child, this many times")
     ap.add_argument("--matmul", type=int, default=2048)
     ap.add_argument("--scan-layers", choices=("auto", "true", "false"), default="auto")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                    help="compute dtype: bfloat16 = float32 parameters and loss, bfloat16 matmuls (JAX "
+    ap.add_argument("--dtype", default="float32",
+                    help="float32, bfloat16, or float32,bfloat16 (both, each in its own processes, and the "
+                         "bfloat16/float32 speed-up). Compute dtype: bfloat16 = float32 parameters and loss, bfloat16 matmuls (JAX "
                          "model.compute_dtype, torch.autocast on CPU); the matmul peak is then a bfloat16 matmul")
+    ap.add_argument("--frameworks", default="jax,torch",
+                    help="comma-separated subset of jax,torch to run (the ratio needs both)")
     ap.add_argument("--framework", choices=("jax", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "model.json"))
@@ -167,50 +173,74 @@ def main(argv=None) -> dict:
         return {}
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    runs = {"jax": [], "torch": []}
+    fws = tuple(f for f in ("jax", "torch") if f in args.frameworks.split(","))
+    dtypes = tuple(args.dtype.split(","))
+    if not fws:
+        ap.error(f"--frameworks {args.frameworks!r} names neither jax nor torch")
+    if not set(dtypes) <= {"float32", "bfloat16"}:
+        ap.error(f"--dtype {args.dtype!r}: expected float32, bfloat16 or float32,bfloat16")
+    runs = {(dt, fw): [] for dt in dtypes for fw in fws}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for fw in ("jax", "torch"):
-                out = Path(tmp) / f"{fw}{r}.json"
-                cmd = [sys.executable, __file__, "--framework", fw, "--child-out", str(out)]
-                for k in ("layers", "batch", "seq", "repeats", "matmul", "scan_layers", "dtype"):
-                    cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
-                subprocess.run(cmd, check=True, env=env)
-                runs[fw].append(json.loads(out.read_text()))
-                print(f"round {r} {fw}: {[round(t, 3) for t in runs[fw][-1]['step_s_all']]} s "
-                      f"(load {runs[fw][-1]['loadavg_before'][0]:.1f})", flush=True)
+            for dt in dtypes:
+                for fw in fws:
+                    out = Path(tmp) / f"{fw}{dt}{r}.json"
+                    cmd = [sys.executable, __file__, "--framework", fw, "--child-out", str(out), "--dtype", dt]
+                    for k in ("layers", "batch", "seq", "repeats", "matmul", "scan_layers"):
+                        cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
+                    subprocess.run(cmd, check=True, env=env)
+                    runs[dt, fw].append(json.loads(out.read_text()))
+                    print(f"round {r} {fw} {dt}: {[round(t, 3) for t in runs[dt, fw][-1]['step_s_all']]} s "
+                          f"(load {runs[dt, fw][-1]['loadavg_before'][0]:.1f})", flush=True)
     flops = model_flops(args.layers, args.batch, args.seq)
     tokens = args.batch * args.seq
     res = {"config": {"layers": args.layers, "hidden": SMOLLM2_135M["hidden_size"],
                       "heads": SMOLLM2_135M["num_attention_heads"], "kv_heads": SMOLLM2_135M["num_key_value_heads"],
                       "mlp": SMOLLM2_135M["intermediate_size"], "vocab": SMOLLM2_135M["vocab_size"],
                       "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "scan_layers": args.scan_layers,
-                      "unrolled": runs["jax"][0]["unrolled"], "processes": "one per framework",
-                      "rounds": args.rounds, "repeats": args.repeats},
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "jax": runs["jax"][0]["version"],
-                       "torch": runs["torch"][0]["version"]},
+                      "unrolled": runs[dtypes[0], "jax"][0]["unrolled"] if "jax" in fws else None,
+                      "processes": "one per framework and dtype", "rounds": args.rounds, "repeats": args.repeats},
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                       **{fw: runs[dtypes[0], fw][0]["version"] for fw in fws}},
            "model_flops_per_step": flops}
-    for fw in ("jax", "torch"):
-        times = [t for run in runs[fw] for t in run["step_s_all"]]
+
+    def summary(rs):
+        times = [t for run in rs for t in run["step_s_all"]]
         t = statistics.median(times)
-        peak = statistics.median(run["matmul_flops_per_s"] for run in runs[fw])
-        res[fw] = {"step_s_median": t, "step_s_min": min(times), "step_s_all": times, "tokens_per_s": tokens / t,
-                   "model_flops_per_s": flops / t, "matmul_flops_per_s": peak, "mfu_vs_own_matmul": flops / t / peak,
-                   "compile_or_warmup_s": [run["compile_s"] for run in runs[fw]],
-                   "peak_rss_mb": max(run["peak_rss_mb"] for run in runs[fw]),
-                   "loadavg_before_after": [(run["loadavg_before"], run["loadavg_after"]) for run in runs[fw]]}
-    res["speedup_jax_over_torch"] = res["torch"]["step_s_median"] / res["jax"]["step_s_median"]
-    res["speedup_of_min_times"] = res["torch"]["step_s_min"] / res["jax"]["step_s_min"]
-    print(f"\nfwd+bwd, {args.layers} layers, batch {args.batch}x{args.seq} {args.dtype}, one process per framework, "
+        peak = statistics.median(run["matmul_flops_per_s"] for run in rs)
+        return {"step_s_median": t, "step_s_min": min(times), "step_s_all": times, "tokens_per_s": tokens / t,
+                "model_flops_per_s": flops / t, "matmul_flops_per_s": peak, "mfu_vs_own_matmul": flops / t / peak,
+                "compile_or_warmup_s": [run["compile_s"] for run in rs],
+                "peak_rss_mb": max(run["peak_rss_mb"] for run in rs),
+                "loadavg_before_after": [(run["loadavg_before"], run["loadavg_after"]) for run in rs]}
+    by = {dt: {fw: summary(runs[dt, fw]) for fw in fws} for dt in dtypes}
+    if len(dtypes) == 1:
+        res.update(by[dtypes[0]])
+    else:
+        res["by_dtype"] = by
+        res["speedup_bf16_over_f32"] = {fw: by["float32"][fw]["step_s_median"] / by["bfloat16"][fw]["step_s_median"]
+                                        for fw in fws}
+    print(f"\nfwd+bwd, {args.layers} layers, batch {args.batch}x{args.seq}, one process per framework and dtype, "
           f"{args.rounds} rounds x {args.repeats} repeats")
-    print(f"{'impl':<22}{'step s (median)':>16}{'step s (min)':>14}{'tokens/s':>12}{'GFLOP/s':>10}{'MFU':>8}"
-          f"{'RSS MiB':>9}")
-    for fw, label in (("jax", "jaxppo (JAX/Flax NNX)"), ("torch", "transformers (torch)")):
-        r = res[fw]
-        print(f"{label:<22}{r['step_s_median']:>16.3f}{r['step_s_min']:>14.3f}{r['tokens_per_s']:>12.0f}"
-              f"{r['model_flops_per_s'] / 1e9:>10.1f}{r['mfu_vs_own_matmul']:>8.1%}{r['peak_rss_mb']:>9.0f}")
-    print(f"speed-up JAX / torch: {res['speedup_jax_over_torch']:.2f}x (ratio of medians), "
-          f"{res['speedup_of_min_times']:.2f}x (ratio of min times)")
+    print(f"{'impl':<22}{'dtype':>10}{'step s (median)':>16}{'step s (min)':>14}{'tokens/s':>12}{'GFLOP/s':>10}"
+          f"{'MFU':>8}{'RSS MiB':>9}")
+    for dt in dtypes:
+        for fw, label in (("jax", "jaxppo (JAX/Flax NNX)"), ("torch", "transformers (torch)")):
+            if fw in fws:
+                r = by[dt][fw]
+                print(f"{label:<22}{dt:>10}{r['step_s_median']:>16.3f}{r['step_s_min']:>14.3f}{r['tokens_per_s']:>12.0f}"
+                      f"{r['model_flops_per_s'] / 1e9:>10.1f}{r['mfu_vs_own_matmul']:>8.1%}{r['peak_rss_mb']:>9.0f}")
+    for dt in dtypes:
+        if len(fws) == 2:
+            sp = by[dt]["torch"]["step_s_median"] / by[dt]["jax"]["step_s_median"]
+            spm = by[dt]["torch"]["step_s_min"] / by[dt]["jax"]["step_s_min"]
+            if len(dtypes) == 1:
+                res["speedup_jax_over_torch"], res["speedup_of_min_times"] = sp, spm
+            else:
+                by[dt]["speedup_jax_over_torch"] = sp
+            print(f"{dt}: speed-up JAX / torch: {sp:.2f}x (ratio of medians), {spm:.2f}x (ratio of min times)")
+    for fw, x in res.get("speedup_bf16_over_f32", {}).items():
+        print(f"{fw}: bfloat16 / float32 speed-up {x:.2f}x (float32 median / bfloat16 median)")
     write_json(res, args.out)
     return res
 

@@ -8,6 +8,7 @@ Shapes: ``B`` batch, ``T`` query length, ``S`` key length, ``D`` hidden, ``H`` q
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import jax
@@ -93,6 +94,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
     kh = k.shape[1] if kv_heads_first else k.shape[2]
     kv = "bksd" if kv_heads_first else "bskd"
     qg = q.reshape(b, t, kh, h // kh, hd)
+    # not mixed_einsum: XLA:CPU (jax 0.10.2) cannot run these batched bf16 x bf16 -> f32 dots in every layout
+    # ("Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32" for the value product at decode time)
     scores = jnp.einsum(f"btkgd,{kv}->bkgts", qg, k, preferred_element_type=jnp.float32) * (hd ** -0.5)
     scores = jnp.where(allowed[:, None, None, :, :], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -100,13 +103,73 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
     return out.reshape(b, t, h, hd)
 
 
+def is_low_precision(dtype) -> bool:
+    """True for the 16-bit float compute dtypes (bfloat16, float16), whose matmuls go through ``mixed_einsum``."""
+    dt = jnp.dtype(dtype)
+    return jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4
+
+
+def _einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def _mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
+    return _einsum_f32(spec, a, b).astype(out_dtype)
+
+
+def _mixed_einsum_fwd(spec, a, b, out_dtype):
+    return _mixed_einsum(spec, a, b, out_dtype), (a, b)
+
+
+def _mixed_einsum_bwd(spec, out_dtype, res, g):
+    a, b = res
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    g = g.astype(a.dtype)  # the cotangent enters both products in the operands' (16-bit) dtype
+    # operand order = output order (no transpose of the result): for dense, dA = dot_general(G, B) contracting
+    # G's and B's last dims, dB = dot_general(A, G) contracting their first dims
+    da = _einsum_f32(f"{out},{sb}->{sa}", g, b).astype(a.dtype)
+    db = _einsum_f32(f"{sa},{out}->{sb}", a, g).astype(b.dtype)
+    return da, db
+
+
+_mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
+def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.Array:
+    """``einsum(spec, a, b)`` accumulated in float32 and returned in ``out_dtype`` (default ``a.dtype``).
+
+    For 16-bit operands (``is_low_precision``) the backward is written by hand so that its two products are
+    16-bit x 16-bit -> float32 as well: with ``C = A·B`` and cotangent ``G`` (cast to the operands' dtype),
+    ``dA = G·Bᵀ`` and ``dB = Aᵀ·G``, each accumulated in float32 and returned in its operand's dtype. JAX's own
+    transpose of a ``preferred_element_type=float32`` dot would take the float32 cotangent against a 16-bit
+    operand, i.e. run every backward GEMM in float32 behind converts (what made bfloat16 slower than float32
+    on XLA:CPU). float32 operands take plain ``jnp.einsum`` (``preferred_element_type=float32``): unchanged.
+
+    Every index of ``a`` must appear in ``b`` or the output, and likewise for ``b`` (true of every product here).
+    """
+    out_dtype = a.dtype if out_dtype is None else jnp.dtype(out_dtype)
+    if a.dtype != b.dtype:
+        raise TypeError(f"mixed_einsum {spec!r}: operand dtypes differ ({a.dtype} vs {b.dtype})")
+    if not is_low_precision(a.dtype):
+        return _einsum_f32(spec, a, b).astype(out_dtype)
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    if not (set(sa) <= set(sb) | set(out) and set(sb) <= set(sa) | set(out)):
+        raise ValueError(f"mixed_einsum {spec!r}: an index summed within one operand alone is not supported")
+    return _mixed_einsum(spec, a, b, out_dtype)
+
+
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x`` [..., D] times ``w`` [D, *out] -> [..., *out] as one 2-D matmul ``[N, D] @ [D, prod(out)]``.
 
     Flattening the leading dims keeps XLA's CPU backward on plain GEMMs (einsums with several batch
-    dims were ~2x slower there). Accumulates in float32, returns ``x.dtype``.
+    dims were ~2x slower there). Accumulates in float32, returns ``x.dtype`` (``mixed_einsum``).
     """
     lead, d, out = x.shape[:-1], x.shape[-1], w.shape[1:]
+    if is_low_precision(x.dtype):
+        return mixed_einsum("nd,dm->nm", x.reshape(-1, d), w.reshape(d, -1)).reshape(*lead, *out)
     y = jnp.dot(x.reshape(-1, d), w.reshape(d, -1), preferred_element_type=jnp.float32)
     return y.astype(x.dtype).reshape(*lead, *out)
 

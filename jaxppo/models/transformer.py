@@ -22,8 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.models.config import LMConfig
 from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, init_adapters, quantize_stacked
-from jaxppo.models.layers import (apply_rope, attention, attention_allowed, make_param, out_proj, positions_from_mask,
-                                  qkv, rms_norm, rope_cos_sin, swiglu)
+from jaxppo.models.layers import (apply_rope, attention, attention_allowed, is_low_precision, make_param, mixed_einsum,
+                                  out_proj, positions_from_mask, qkv, rms_norm, rope_cos_sin, swiglu)
 from jaxppo.models.sharding import constrain_batch, mesh_of, vocab_parallel_axes
 
 
@@ -294,7 +294,9 @@ class CausalLM(nnx.Module):
             h2 = jax.lax.with_sharding_constraint(h2, NamedSharding(mesh, PartitionSpec(row, None)))
             w = jax.lax.with_sharding_constraint(
                 w, NamedSharding(mesh, PartitionSpec(vocab, None) if tied else PartitionSpec(None, vocab)))
-        if tied:  # contract with the embedding's last dim: [N, D] x [V, D] -> [N, V]
+        if is_low_precision(h.dtype):  # 16-bit GEMMs forward and backward, float32 accumulation and logits
+            out = mixed_einsum("nd,vd->nv" if tied else "nd,dv->nv", h2, w.astype(h.dtype), jnp.float32)
+        elif tied:  # contract with the embedding's last dim: [N, D] x [V, D] -> [N, V]
             out = jax.lax.dot_general(h2, w.astype(h.dtype), (((1,), (1,)), ((), ())),
                                       preferred_element_type=jnp.float32)
         else:
