@@ -182,3 +182,35 @@ def test_quantized_base_dequantizes_within_bounds_and_exports_merged(fmt):
 def test_nf4_needs_last_dims_divisible_by_64():
     with pytest.raises(ValueError, match="multiple of the block size 64"):
         attach_lora(tiny_lm("llama"), LoraSpec(rank=2, quantize_base="nf4"))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_adapters_under_bfloat16_compute(jit):
+    """Adapters with ``compute_dtype=bfloat16`` (float32 parameters): at init (B = 0) the output is the bf16 base's
+    exactly; with adapters that act it stays within bf16 rounding of the float32 adapter forward; the gradients
+    reach the adapters in float32 and the base gets none (issue 18 item 5: adapters in bf16 and f32)."""
+    run = (lambda f: jax.jit(f)) if jit else (lambda f: f)
+    base16 = tiny_lm("llama", compute_dtype="bfloat16")
+    lm16 = attach_lora(tiny_lm("llama", compute_dtype="bfloat16"), LoraSpec(rank=2), seed=0)
+    gd16, st16 = nnx.split(lm16)
+    gdb, stb = nnx.split(base16)
+    fwd16 = run(lambda s: nnx.merge(gd16, s)(IDS, MASK))
+    np.testing.assert_array_equal(np.asarray(fwd16(st16)), np.asarray(run(lambda s: nnx.merge(gdb, s)(IDS, MASK))(stb)))
+    lm32 = _with_random_b(attach_lora(tiny_lm("llama"), LoraSpec(rank=2), seed=0))
+    _with_random_b(lm16)
+    gd16, st16 = nnx.split(lm16)
+    out16 = np.asarray(run(lambda s: nnx.merge(gd16, s)(IDS, MASK))(st16)).astype(np.float32)
+    out32 = np.asarray(lm32(IDS, MASK))
+    base32 = np.asarray(tiny_lm("llama")(IDS, MASK))
+    # measured: mean |bf16 - f32| 0.037 with adapters (0.022 without) while the adapters move the logits by 2.3
+    err, effect = np.mean(np.abs(out16 - out32)), np.mean(np.abs(out32 - base32))
+    assert err < 0.05 * effect and err < 0.1, (err, effect)
+
+    def loss(s):
+        return jnp.mean(nnx.merge(gd16, s)(IDS, MASK).astype(jnp.float32) ** 2)
+
+    g = run(jax.grad(loss))(st16)
+    flat = {"/".join(map(str, p)): v for p, v in jax.tree_util.tree_flatten_with_path(g)[0]}
+    lora = {k: v for k, v in flat.items() if "_lora_" in k}
+    assert lora and all(v.dtype == jnp.float32 and np.abs(np.asarray(v)).max() > 0 for v in lora.values())
+    assert all(np.all(np.asarray(v) == 0) for k, v in flat.items() if "_lora_" not in k)
