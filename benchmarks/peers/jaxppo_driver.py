@@ -68,11 +68,16 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
     import jax.numpy as jnp
     from flax import nnx
 
-    if task == "lora":
-        raise common.Unsupported("jaxppo: no adapters (issue 18)")
     hp = spec["hparams"]
     model = _load(model_dir, dtype)
     notes = [f"params float32, compute {dtype}" + (" (model.compute_dtype)" if dtype != "float32" else "")]
+    base = None
+    if task == "lora":   # the DPO update with rank-r adapters on q/k/v/o/gate/up/down over the frozen base
+        from jaxppo.models.adapters import attach_lora, split_frozen
+        from jaxppo.models.lora import LoraSpec
+        model = attach_lora(model, LoraSpec(rank=hp["lora_rank"], alpha=hp["lora_alpha"]), seed=0)
+        notes.append(f"LoRA rank {hp['lora_rank']} alpha {hp['lora_alpha']} on q,k,v,o,gate,up,down "
+                     "(jaxppo.models.lora; the base is a frozen, non-donated argument of the step)")
     versions = _jax_versions()
 
     if task == "fwdbwd":
@@ -89,14 +94,18 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         loss = float(step(params, ids)[0])
         return loss, {}, lambda: jax.block_until_ready(step(params, ids)), versions, notes
 
-    if task == "dpo":
+    if task in ("dpo", "lora"):
         from jaxppo.trainer.dpo.step import DPOHParams, DPOState, make_dpo_step
         from jaxppo.optim import split_params
-        graphdef, params = split_params(model)
+        if task == "lora":
+            from jaxppo.models.adapters import split_frozen
+            graphdef, params, base = split_frozen(model)
+        else:
+            graphdef, params = split_params(model)
         tx = _optimizer(hp)
         dhp = DPOHParams(beta=hp["dpo_beta"], loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0,
                          micro_batch_size=spec["shapes"]["dpo_pairs"])
-        step = make_dpo_step(graphdef, tx, lambda s: jnp.float32(hp["lr"]), dhp)
+        step = make_dpo_step(graphdef, tx, lambda s: jnp.float32(hp["lr"]), dhp, base=base)
         z = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state is donated
         state = DPOState(step=z(), actor=params, actor_opt=tx.init(params), lr_scale=jnp.ones((), jnp.float32),
                          nan_total=z(), nan_streak=z(), data_cursor=z())
