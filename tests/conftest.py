@@ -42,3 +42,12 @@ def stories_model(shared_dir) -> Path:
     if not p.is_dir():
         pytest.fail(f"stories260K not found at {p}")
     return p
+
+
+@pytest.fixture(scope="session")
+def hh_pairs(shared_dir) -> Path:
+    """``../shared/data/hh-rlhf/harmless-base-test.jsonl.gz`` (real Anthropic HH-RLHF preference pairs)."""
+    p = shared_dir / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+    if not p.is_file():
+        pytest.fail(f"HH-RLHF pairs not found at {p}")
+    return p

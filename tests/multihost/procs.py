@@ -7,6 +7,7 @@ Each process gets ``JAXPPO_COORDINATOR`` / ``JAXPPO_NUM_PROCESSES`` / ``JAXPPO_P
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -87,3 +88,14 @@ def run(cmd: list[str], n: int = 2, devices: int = 4, timeout: float = 300, **kw
 
 def python(*args: str) -> list[str]:
     return [sys.executable, *args]
+
+
+def metrics_by_step(out: Path) -> dict[int, dict]:
+    """A run folder's ``metrics.jsonl`` rows by step."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in rows if "step" in r}
+
+
+def rel_diff(a: float, b: float) -> float:
+    """``|a - b| / max(|a|, |b|)`` (1e-12 floor)."""
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)

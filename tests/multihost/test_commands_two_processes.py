@@ -49,14 +49,6 @@ MODULES = {"reward": "jaxppo.reward", "collect": "jaxppo.collect", "evaluate": "
 
 
 @pytest.fixture(scope="module")
-def hh_pairs(shared_dir) -> Path:
-    p = shared_dir / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-    if not p.is_file():
-        pytest.fail(f"HH-RLHF pairs not found at {p}")
-    return p
-
-
-@pytest.fixture(scope="module")
 def chains(tmp_path_factory, stories_model, hh_pairs):
     """(one, two): the chain's folders run by 1 process x 8 devices and by 2 processes x 4 devices (side by side:
     the 1-process chain is one shell script started first)."""

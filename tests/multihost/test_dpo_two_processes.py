@@ -29,23 +29,6 @@ def _overrides(stories_model: Path, hh_pairs: Path, out: Path) -> list[str]:
             "mesh.data=2", "mesh.fsdp=4"]
 
 
-def _rows(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r for r in rows if "step" in r}
-
-
-def _rel(a: float, b: float) -> float:
-    return abs(a - b) / max(abs(a), abs(b), 1e-12)
-
-
-@pytest.fixture(scope="module")
-def hh_pairs(shared_dir) -> Path:
-    p = shared_dir / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-    if not p.is_file():
-        pytest.fail(f"HH-RLHF pairs not found at {p}")
-    return p
-
-
 @pytest.fixture(scope="module")
 def dpo_runs(tmp_path_factory, stories_model, hh_pairs):
     """(one, two, results of the 2 processes): 1 process x 8 devices and 2 processes x 4 devices (run together)."""
@@ -64,20 +47,20 @@ def dpo_runs(tmp_path_factory, stories_model, hh_pairs):
 
 def test_dpo_two_processes_match_one(dpo_runs):
     one, two, _ = dpo_runs
-    m1, m2 = _rows(one), _rows(two)
+    m1, m2 = procs.metrics_by_step(one), procs.metrics_by_step(two)
     assert sorted(m1) == sorted(m2) == list(range(1, STEPS + 1))
     worst: dict[str, float] = {}
     for step in m1:
         for k in KEYS + (("eval/loss", "eval/rewards/accuracies") if step % 3 == 0 else ()):
             a, b = m1[step][k], m2[step][k]
             assert np.isfinite(a) and np.isfinite(b), (step, k)
-            worst[k] = max(worst.get(k, 0.0), _rel(a, b))
+            worst[k] = max(worst.get(k, 0.0), procs.rel_diff(a, b))
     print(f"worst relative difference, steps 1-{STEPS}:", worst)
     assert all(v <= RTOL for v in worst.values()), worst
     s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
     assert s1["n_train_pairs"] == s2["n_train_pairs"] and s1["n_heldout_pairs"] == s2["n_heldout_pairs"]
     for k in ("eval/rewards/accuracies", "train/rewards/accuracies", "eval/loss"):
-        assert _rel(s1[k], s2[k]) <= RTOL, (k, s1[k], s2[k])
+        assert procs.rel_diff(s1[k], s2[k]) <= RTOL, (k, s1[k], s2[k])
 
 
 def test_dpo_only_process_zero_wrote(dpo_runs):

@@ -44,15 +44,6 @@ def _overrides(stories_model, data, out) -> list[str]:
             "mesh.data=2", "mesh.fsdp=4"]
 
 
-def _metrics(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r for r in rows if "step" in r}
-
-
-def _rel(a: float, b: float) -> float:
-    return abs(a - b) / max(abs(a), abs(b), 1e-12)
-
-
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, stories_model, smoke_data):
     """(one, two): the output folders of 1 process x 8 devices and 2 processes x 4 devices (run together)."""
@@ -72,13 +63,13 @@ def two_runs(tmp_path_factory, stories_model, smoke_data):
 
 def test_two_processes_match_one(two_runs):
     one, two, _ = two_runs
-    m1, m2 = _metrics(one), _metrics(two)
+    m1, m2 = procs.metrics_by_step(one), procs.metrics_by_step(two)
     worst = {}
     for step in range(1, STEPS + 1):
         for k in KEYS:
             a, b = m1[step][k], m2[step][k]
             assert np.isfinite(a) and np.isfinite(b)
-            worst[k] = max(worst.get(k, 0.0), _rel(a, b))
+            worst[k] = max(worst.get(k, 0.0), procs.rel_diff(a, b))
     print("worst relative difference, steps 1-%d:" % STEPS, worst)
     assert all(v <= RTOL for v in worst.values()), worst
 
@@ -134,7 +125,7 @@ def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data)
     assert not (out / "summary.json").exists()
     res = procs.run(cmd, n=2, devices=4, timeout=1200, logdir=tmp_path / "logs2", env=env)
     assert all(r.returncode == 0 for r in res), "\n".join(r.describe() for r in res)
-    m_ref, m_res = _metrics(two), _metrics(out)
+    m_ref, m_res = procs.metrics_by_step(two), procs.metrics_by_step(out)
     assert sorted(m_res) == sorted(m_ref)
     for step in m_ref:
         for k in KEYS:

@@ -30,14 +30,6 @@ def dpo_compile_cache(tmp_path_factory) -> Path:
     return d
 
 
-@pytest.fixture(scope="session")
-def hh_pairs(shared_dir) -> Path:
-    p = shared_dir / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
-    if not p.is_file():
-        pytest.fail(f"HH-RLHF pairs not found at {p}")
-    return p
-
-
 def dpo_overrides(stories_model: Path, hh_pairs: Path, out: Path, cache: Path, *extra: str) -> list[str]:
     return [f"model.path={stories_model}", f"data.path={hh_pairs}", f"data.cache_dir={cache}",
             f"trainer.output_dir={out}", *TINY, *extra]
