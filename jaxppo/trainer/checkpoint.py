@@ -281,13 +281,14 @@ class Checkpointer:
         """The files of ``step`` as Orbax assembles them (this process reads its own devices' shards; no program
         runs) and the metadata; errors as :meth:`restore`."""
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+        # installed before the read: a cancelled read may report its closed-loop error before the except below runs
+        _hold_back_closed_loop_errors()
         with _quiet_orbax():
             try:
                 out = self.manager.restore(int(step), args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
                 return out.state, dict(out.meta)
             except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
-                _hold_back_closed_loop_errors()
                 _join_restore_barrier()
                 raise self._classify(int(step), like, e) from e
 
