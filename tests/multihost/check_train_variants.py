@@ -1,0 +1,51 @@
+"""A manual check (issue 17), not collected by pytest: train variants other than the CI test's smoke default
+(GRPO + PF-PPO + token IS + prioritized replay; GAE + verl rollout correction + uniform replay; RLOO + sequence IS)
+under 2 processes x 4 devices vs 1 process x 8, 6 steps each; prints the worst relative differences.
+
+    python -m jaxppo.train --config configs/smoke.yaml     # once: it collects runs/smoke_data/data.jsonl
+    python tests/multihost/check_train_variants.py [OUT_DIR]
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.multihost import procs  # noqa: E402
+
+REPO = procs.REPO
+data = REPO / "runs/smoke_data/data.jsonl"
+base = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/check_train_variants")
+base.mkdir(parents=True, exist_ok=True)
+VARIANTS = {
+    "grpo_pf_tokenis_per": ["algorithm.adv_estimator=grpo", "pf_ppo.enabled=true", "pf_ppo.filter=best_worst",
+                            "importance.enabled=true", "replay.sampling=prioritized"],
+    "rloo_uniform_seqis": ["algorithm.adv_estimator=rloo", "replay.sampling=uniform", "importance.level=sequence"],
+    "gae_rollout_correction": ["importance.enabled=false", "algorithm.rollout_correction.rollout_is=token",
+                               "algorithm.rollout_correction.rollout_is_threshold=2.0", "replay.sampling=uniform"],
+}
+for name, extra in VARIANTS.items():
+    common = ["--config", str(REPO / "configs/smoke.yaml"), f"data.path={data}", "data.collect_if_missing=false",
+              "trainer.total_steps=6", "trainer.save_every=3", "trainer.eval_every=null", "trainer.eval_prompts=8",
+              "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false", "mesh.data=2", "mesh.fsdp=4", *extra]
+    one, two = base / f"{name}_one", base / f"{name}_two"
+    p1 = procs.start([sys.executable, "-m", "jaxppo.train", *common, f"trainer.output_dir={one}"], n=1, devices=8,
+                     logdir=base / f"{name}_logs1", env={"JAXPPO_DISTRIBUTED": "0"})
+    r1 = procs.wait(p1, timeout=900)
+    p2 = procs.start(procs.python(str(REPO / "launch/multihost.py"), *common, f"trainer.output_dir={two}"), n=2, devices=4,
+                     logdir=base / f"{name}_logs2")
+    r2 = procs.wait(p2, timeout=900)
+    ok = all(r.returncode == 0 for r in r1 + r2)
+    print(name, "exit codes", [r.returncode for r in r1 + r2])
+    if not ok:
+        for r in r1 + r2:
+            print(r.describe()[-2000:])
+        continue
+    m1 = {r["step"]: r for r in map(json.loads, (one / "metrics.jsonl").read_text().splitlines())}
+    m2 = {r["step"]: r for r in map(json.loads, (two / "metrics.jsonl").read_text().splitlines())}
+    worst = {}
+    for s in m1:
+        for k in ("actor/pg_loss", "actor/ppo_kl", "is/ess", "pf_ppo/kept_fraction"):
+            if k in m1[s] and k in m2[s]:
+                worst[k] = max(worst.get(k, 0.0), procs.rel_diff(m1[s][k], m2[s][k]))
+    s1, s2 = json.loads((one / "summary.json").read_text()), json.loads((two / "summary.json").read_text())
+    print(name, "steps", sorted(m2), "worst rel", worst, "reward_after", s1.get("eval/reward_after"), s2.get("eval/reward_after"))
