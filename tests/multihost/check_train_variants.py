@@ -23,6 +23,8 @@ VARIANTS = {
     "gae_rollout_correction": ["importance.enabled=false", "algorithm.rollout_correction.rollout_is=token",
                                "algorithm.rollout_correction.rollout_is_threshold=2.0", "replay.sampling=uniform"],
 }
+RTOL = 1e-4          # on the losses (ppo_kl is near 0: its relative difference is reported, not checked)
+failed = []
 for name, extra in VARIANTS.items():
     common = ["--config", str(REPO / "configs/smoke.yaml"), f"data.path={data}", "data.collect_if_missing=false",
               "trainer.total_steps=6", "trainer.save_every=3", "trainer.eval_every=null", "trainer.eval_prompts=8",
@@ -39,9 +41,9 @@ for name, extra in VARIANTS.items():
     if not ok:
         for r in r1 + r2:
             print(r.describe()[-2000:])
+        failed.append(f"{name}: a process failed")
         continue
-    m1 = {r["step"]: r for r in map(json.loads, (one / "metrics.jsonl").read_text().splitlines())}
-    m2 = {r["step"]: r for r in map(json.loads, (two / "metrics.jsonl").read_text().splitlines())}
+    m1, m2 = procs.metrics_by_step(one), procs.metrics_by_step(two)
     worst = {}
     for s in m1:
         for k in ("actor/pg_loss", "actor/ppo_kl", "is/ess", "pf_ppo/kept_fraction"):
@@ -49,3 +51,9 @@ for name, extra in VARIANTS.items():
                 worst[k] = max(worst.get(k, 0.0), procs.rel_diff(m1[s][k], m2[s][k]))
     s1, s2 = json.loads((one / "summary.json").read_text()), json.loads((two / "summary.json").read_text())
     print(name, "steps", sorted(m2), "worst rel", worst, "reward_after", s1.get("eval/reward_after"), s2.get("eval/reward_after"))
+    if sorted(m1) != sorted(m2) or worst.get("actor/pg_loss", 1.0) > RTOL or \
+            s1.get("eval/reward_after") != s2.get("eval/reward_after"):
+        failed.append(f"{name}: 2 processes differ from 1 (steps, pg_loss beyond {RTOL} or the final reward)")
+if failed:
+    sys.exit("check_train_variants FAILED:\n" + "\n".join(failed))
+print("check_train_variants: every variant matches")
