@@ -42,8 +42,5 @@ class WithBase:
     def lower(self, state):
         return self.fn.lower(state, self.base)
 
-    def _cache_size(self) -> int:
-        return self.fn._cache_size()
-
 
 __all__ = ["WithBase", "jit_step"]
