@@ -3,14 +3,13 @@
 under 2 processes x 4 devices vs 1 process x 8, 6 steps each; prints the worst relative differences.
 
     python -m jaxppo.train --config configs/smoke.yaml     # once: it collects runs/smoke_data/data.jsonl
-    python tests/multihost/check_train_variants.py [OUT_DIR]
+    python -m tests.multihost.check_train_variants [OUT_DIR]     # from the repository root
 """
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.multihost import procs  # noqa: E402
+from tests.multihost import procs
 
 REPO = procs.REPO
 data = REPO / "runs/smoke_data/data.jsonl"
