@@ -98,13 +98,22 @@ def model_dtypes(model: Any) -> tuple[str, str]:
     return dtype_name(cfg.param_dtype), dtype_name(cfg.compute_dtype or cfg.param_dtype)
 
 
+def base_format(model: Any) -> str | None:
+    """The storage format of a quantized base (``"int8"`` / ``"nf4"``: ``model.lora.quantize_base``), else None."""
+    lora = getattr(getattr(model, "config", None), "lora", None)
+    return getattr(lora, "quantize_base", None)
+
+
 def cache_key(model_id: str, arrays: Mapping[str, np.ndarray], *, param_dtype: Any = "float32",
-              compute_dtype: Any = "float32") -> str:
+              compute_dtype: Any = "float32", quantized: str | None = None) -> str:
     """SHA-256 (hex) of the model identity, its parameter and compute dtypes (both change the numbers), the
-    token arrays (bytes, dtypes, shapes) and the layout version."""
+    format of a quantized base (``quantized``: int8 / nf4, which changes them too; None adds nothing, so the keys
+    of unquantized models are unchanged), the token arrays (bytes, dtypes, shapes) and the layout version."""
     h = hashlib.sha256()
     h.update(f"jaxppo-behaviour-v{CACHE_VERSION}\0{model_id}\0".encode())
     h.update(f"param_dtype={dtype_name(param_dtype)}\0compute_dtype={dtype_name(compute_dtype)}\0".encode())
+    if quantized is not None:
+        h.update(f"quantized_base={quantized}\0".encode())
     for k in _TOKEN_KEYS:
         a = np.ascontiguousarray(arrays[k], dtype=np.int32)
         h.update(f"{k}:{a.shape}\0".encode())
@@ -185,7 +194,8 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
         dts = (param_dtype or dts[0], compute_dtype or dts[1])
     else:
         dts = (param_dtype or "float32", compute_dtype or param_dtype or "float32")
-    key = cache_key(model_id, sub, param_dtype=dts[0], compute_dtype=dts[1])
+    key = cache_key(model_id, sub, param_dtype=dts[0], compute_dtype=dts[1],
+                    quantized=None if model is None else base_format(model))
     path = Path(cache_dir) / f"behaviour-{key[:32]}.safetensors" if cache_dir is not None else None
     shape = (int(missing.size), int(arrays["response_ids"].shape[1]))
     lp = _read_cache(path, key, shape) if path is not None and path.is_file() else None

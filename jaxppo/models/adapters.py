@@ -50,6 +50,24 @@ def attach_lora(lm: CausalLM, spec: LoraSpec, *, seed: int = 0) -> CausalLM:
     return lm
 
 
+def with_adapters(lm: CausalLM, lora_cfg, *, seed: int, mesh=None, rules=None) -> CausalLM:
+    """``lm`` with the adapters of the ``model.lora`` config section attached (base quantized with its
+    ``quantize_base``) and sharded on ``mesh``; ``lm`` unchanged when ``lora_cfg.rank`` is 0 or it already has
+    adapters. The training commands call this right after loading, BEFORE any reference or behaviour pass: the
+    reference policy of a run with adapters is the (quantized) base with adapters off, so its log-probs must come
+    from that model — and the unquantized weights are released before those passes allocate."""
+    from jaxppo.models import shard_model
+    from jaxppo.models.lora import spec_from_config
+
+    spec = spec_from_config(lora_cfg)
+    if spec is None or lm.config.lora is not None:
+        return lm
+    attach_lora(lm, spec, seed=seed)
+    if mesh is not None:
+        shard_model(lm, mesh, rules)
+    return lm
+
+
 def split_frozen(model: nnx.Module):
     """``(graphdef, trainable, base)`` of a model with adapters (:data:`TRAINABLE` vs the rest)."""
     if model.config.lora is None:
@@ -110,4 +128,4 @@ def merge_with_base(graphdef, trainable, base):
 
 
 __all__ = ["HEAD_NAMES", "TRAINABLE", "attach_lora", "lora_critic", "merge_with_base",
-           "merged_model", "reference_adapters", "split_frozen", "trunk_of"]
+           "merged_model", "reference_adapters", "split_frozen", "trunk_of", "with_adapters"]

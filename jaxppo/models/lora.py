@@ -110,6 +110,16 @@ def init_adapters(weight_shapes, spec: LoraSpec, key: jax.Array, dtype) -> dict[
     return params
 
 
+def _per_layer(fn, w: jax.Array):
+    """``fn`` of each layer ``w[i]`` of a stacked ``[L, ...]`` weight, jitted, results stacked along a new axis 0:
+    the quantizer's float32 temporaries are one layer's (a whole 7B MLP stack in float32 is 7 GiB, more than a
+    24 GB card has left next to the loaded weights). Equal to ``fn`` of the stack for the per-row formats here
+    (int8 scales per output channel, NF4 blocks along the last axis, never across a layer)."""
+    jfn = jax.jit(fn)
+    parts = [jfn(w[i]) for i in range(w.shape[0])]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
+
+
 def quantize_stacked(weights: dict[str, tuple[jax.Array, tuple]], fmt: str) -> dict[str, nnx.Param]:
     """The stacked projections ``{name: (w [L, *in, *out], logical axes)}`` of :data:`TARGETS` stored in ``fmt``:
     int8 -> ``name`` (int8 codes, w's shape) + ``<name>_scale`` (float32, 1 on the input axes); nf4 ->
@@ -119,12 +129,12 @@ def quantize_stacked(weights: dict[str, tuple[jax.Array, tuple]], fmt: str) -> d
     out = {}
     for name, (w, axes) in weights.items():
         if fmt == "int8":
-            x = quantize_int8(w, n_in=_N_IN[name], lead=1)
+            x = _per_layer(lambda wi, n=_N_IN[name]: quantize_int8(wi, n_in=n), w)
             out[name] = nnx.Param(x.q, logical_axes=axes)
             out[name + "_scale"] = nnx.Param(x.scale, logical_axes=(axes[0],) + (None,) * _N_IN[name]
                                              + tuple(axes[1 + _N_IN[name]:]))
         elif fmt == "nf4":
-            packed, absmax = quantize_nf4_last(w)
+            packed, absmax = _per_layer(quantize_nf4_last, w)
             out[name] = nnx.Param(packed, logical_axes=axes)
             out[name + "_absmax"] = nnx.Param(absmax, logical_axes=axes)
         else:

@@ -170,3 +170,25 @@ def test_cache_key_includes_param_and_compute_dtypes(stories, tmp_path):
     (f,) = d2.glob("behaviour-*.safetensors")
     assert f.name == (tmp_path / f"behaviour-{cache_key(fp, a, param_dtype='bfloat16', compute_dtype='bfloat16')[:32]}"
                       ".safetensors").name
+
+
+def test_a_quantized_base_never_reads_the_float_cache(stories, tmp_path):
+    """The log-probs of an int8/nf4 base (QLoRA's reference) differ from the float weights': their cache keys
+    differ, an unquantized model's key is unchanged, and fill_behaviour_logprobs computes (not reads) them."""
+    from jaxppo.data.behaviour import base_format
+    from jaxppo.hf import load_pretrained
+    from jaxppo.models.adapters import attach_lora
+    from jaxppo.models.lora import LoraSpec
+
+    path, model32 = stories
+    a = _arrays(PROMPTS, RESPONSES)
+    fp = model_fingerprint(path)
+    assert cache_key(fp, a) == cache_key(fp, a, quantized=None)
+    assert len({cache_key(fp, a), cache_key(fp, a, quantized="int8"), cache_key(fp, a, quantized="nf4")}) == 3
+    first = fill_behaviour_logprobs(a, model_path=path, model=model32, cache_dir=tmp_path)
+    q = attach_lora(load_pretrained(path), LoraSpec(rank=2, alpha=4.0, quantize_base="int8"))
+    assert base_format(q) == "int8" and base_format(model32) is None
+    second = fill_behaviour_logprobs(a, model_path=path, model=q, cache_dir=tmp_path)
+    want = compute_behaviour_logprobs(q, a)
+    np.testing.assert_allclose(second["behaviour_logprobs"], want, atol=1e-6)
+    assert np.max(np.abs(second["behaviour_logprobs"] - first["behaviour_logprobs"])) > 1e-5

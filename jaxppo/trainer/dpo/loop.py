@@ -165,8 +165,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     from jaxppo.data.behaviour import default_cache_dir
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
-    from jaxppo.models import shard_model
-    from jaxppo.models.adapters import attach_lora, reference_adapters, split_frozen
+    from jaxppo.models.adapters import reference_adapters, split_frozen, with_adapters
     from jaxppo.models.dtypes import dtype_of
     from jaxppo.models.lora import spec_from_config
     from jaxppo.optim import (
@@ -192,6 +191,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     model = load_pretrained(model_path, dtype=dtype_of(cfg.model.param_dtype),
                             compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh, rules=rules,
                             remat=cfg.model.remat)
+    model = with_adapters(model, cfg.model.lora, seed=cfg.trainer.seed, mesh=mesh, rules=rules)  # before the reference pass
     cache_dir = cfg.data.cache_dir if cfg.data.cache_dir is not None else default_cache_dir(cfg.data.path)
     arrays["ref_chosen"], arrays["ref_rejected"] = reference_logps(
         arrays, model_path=model_path, model=model, cache_dir=cache_dir, batch_size=cfg.data.behaviour_batch_size,
@@ -209,8 +209,6 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         graphdef, params = split_params(model)
         ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
     else:   # adapters on the frozen base; the reference is the base itself (no copy)
-        attach_lora(model, spec, seed=cfg.trainer.seed)
-        shard_model(model, mesh, rules)
         graphdef, params, base = split_frozen(model)
         ref_params = reference_adapters(params)   # adapters off: the base itself, no copy
     total = cfg.trainer.total_steps

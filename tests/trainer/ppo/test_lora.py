@@ -72,6 +72,16 @@ def test_lora_grpo_on_an_int8_base_runs_a_few_steps(make_cfg):
     names = _names(run.state.actor)
     assert len(names) == 4 and all(any(k in n for n in names) for k in ("q_lora_a", "q_lora_b", "v_lora_a",
                                                                         "v_lora_b"))
+    # the reference log-probs in the buffer are the QUANTIZED base's (the reference this run trains against), not
+    # the loaded float weights' (which differ by the int8 rounding)
+    from jaxppo.data import compute_behaviour_logprobs
+    from jaxppo.hf import load_pretrained
+
+    rows = {k: run.train[k][:8] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")}
+    np.testing.assert_allclose(run.train["ref_logp"][:8], compute_behaviour_logprobs(run.reference(), rows),
+                               atol=1e-5)
+    unquantized = compute_behaviour_logprobs(load_pretrained(cfg.model.path), rows)
+    assert np.max(np.abs(run.train["ref_logp"][:8] - unquantized)) > 1e-4
     _, state = fit(cfg, run=run)
     assert int(state.step) == 3 and int(state.nan_total) == 0
 
