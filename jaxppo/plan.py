@@ -16,8 +16,11 @@ devices), never from hand arithmetic:
   frozen base that policy, reference and critic share, quantized with ``model.lora.quantize_base``, while
   ``params_bytes`` / ``optimizer_bytes`` hold only the adapters and value head); ``scalars_bytes``: counters, RNG
   key, KL coefficient;
-- ``temp_bytes``: XLA's temporary buffers of the compiled update step (``memory_analysis().temp_size_in_bytes``,
-  per device; activations, gradients, gathered weights); ``null`` with ``--no-compile``;
+- ``temp_bytes``: XLA's temporary buffers (``memory_analysis().temp_size_in_bytes``, per device; activations,
+  gradients, gathered weights, logits) of the largest of the three programs a run executes, each compiled here:
+  the update step, the prepare pass and the behaviour (reference log-prob) pass; ``temp_by_phase`` lists all
+  three. ``null`` with ``--no-compile``. Measured on an H200 (benchmarks/README.md "On a GPU"), the GPU plan bounded
+  the peak of the runs that fit, within 0.03% for full weights, but not a quantized (NF4) base's behaviour pass;
 - ``total_bytes``: the sum; ``fits``: ``per_device.total_bytes <= hbm_gib · 2^30`` (``null`` without ``--hbm-gib``).
 
 The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
@@ -86,7 +89,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     critic_hf = read_model_config(cfg.critic.model_path, "critic.model_path") \
         if cfg.critic.model_path and not cfg.critic.share_trunk else None
     t0 = time.perf_counter()
-    core, _, _, ref = abstract_core(cfg, mesh, rules, read_model_config(cfg.model.path), critic_hf_config=critic_hf,
+    core, actor_gd, _, ref = abstract_core(cfg, mesh, rules, read_model_config(cfg.model.path), critic_hf_config=critic_hf,
                                     prompt_len=cfg.data.max_prompt_length,
                                     response_len=cfg.data.max_response_length)
     s = core.state
@@ -101,17 +104,20 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     build_s = time.perf_counter() - t0
     compile_s = None
     memory = None
+    phases = None
     if compile_step:
         t0 = time.perf_counter()
-        compiled = core.step.lower(s).compile()
+        phases, memory = {}, {}
+        for name, lowered in _phase_programs(cfg, core, actor_gd, s, ref).items():
+            ma = lowered.compile().memory_analysis()
+            phases[name] = int(ma.temp_size_in_bytes)
+            memory[name] = {"argument_size_in_bytes": int(ma.argument_size_in_bytes),
+                            "output_size_in_bytes": int(ma.output_size_in_bytes),
+                            "alias_size_in_bytes": int(ma.alias_size_in_bytes),
+                            "temp_size_in_bytes": int(ma.temp_size_in_bytes)}
         compile_s = time.perf_counter() - t0
-        ma = compiled.memory_analysis()
-        temp = int(ma.temp_size_in_bytes)
+        temp = max(phases.values())
         parts["temp_bytes"] = (temp, temp * len(devices))
-        memory = {"argument_size_in_bytes": int(ma.argument_size_in_bytes),
-                  "output_size_in_bytes": int(ma.output_size_in_bytes),
-                  "alias_size_in_bytes": int(ma.alias_size_in_bytes),
-                  "temp_size_in_bytes": temp}
     else:
         parts["temp_bytes"] = (None, None)
     per_device = {k: parts[k][0] for k in CATEGORIES}
@@ -141,9 +147,30 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
         "fits": None if hbm_gib is None else bool(per_device["total_bytes"] <= hbm_gib * GiB),
         "temp_note": None if compile_step else "--no-compile: the step was not compiled, temp_bytes unknown "
                                           "(fits covers the persistent state only)",
+        "temp_by_phase": phases,            # per device: the step, the prepare pass, the behaviour pass
         "memory_analysis": memory,
         "seconds": {"build": round(build_s, 2), "compile": None if compile_s is None else round(compile_s, 2)},
     }
+
+
+def _phase_programs(cfg: Any, core, actor_gd, s, ref) -> dict:
+    """The three jitted programs a run executes on the train state's devices, lowered on abstract arguments: the
+    update ``step``, the ``prepare`` pass (proximal log-probs, values, advantages of the whole buffer in chunks of
+    ``actor.ppo_micro_batch_size``) and the ``behaviour`` pass (reference log-probs of the training rows,
+    ``data.behaviour_batch_size`` rows per call, on the reference policy: with adapters the base, adapters off)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxppo.models.adapters import merge_with_base
+    from jaxppo.models.transformer import continuation_logprobs
+    out = {"step": core.step.lower(s), "prepare": core.prepare.lower(s)}
+    lora = cfg.model.lora.rank > 0   # adapters: the base (``ref``) with adapters shaped like the actor's
+    graphdef, state = nnx.split(merge_with_base(actor_gd, s.actor, ref) if lora else merge_with_base(actor_gd, ref, None))
+    b, P, R = cfg.data.behaviour_batch_size, cfg.data.max_prompt_length, cfg.data.max_response_length
+    tok = lambda n: jax.ShapeDtypeStruct((b, n), jnp.int32)  # noqa: E731
+    out["behaviour"] = continuation_logprobs.lower(graphdef, state, tok(P), tok(P), tok(R), tok(R))
+    return out
 
 
 def _base_note(p: dict) -> str:

@@ -59,8 +59,18 @@ def test_stories260k_plan_compiles_and_counts(stories_model):
     p = plan(cfg, devices=jax.devices()[:1], hbm_gib=1.0)
     assert p["actor_parameters"] == STORIES_PARAMS == 260032
     assert p["total"]["reference_bytes"] == p["per_device"]["reference_bytes"] == STORIES_PARAMS * 4
-    assert p["per_device"]["temp_bytes"] > 0 and p["memory_analysis"]["temp_size_in_bytes"] == p["per_device"][
-        "temp_bytes"]
+    # temporaries: the largest of the three programs a run executes (update step, prepare pass, behaviour pass),
+    # each the compiled program's own memory_analysis()
+    phases = p["temp_by_phase"]
+    assert sorted(phases) == ["behaviour", "prepare", "step"] and min(phases.values()) > 0
+    assert p["per_device"]["temp_bytes"] == max(phases.values())
+    assert all(p["memory_analysis"][k]["temp_size_in_bytes"] == v for k, v in phases.items())
+    # the behaviour pass's temporaries grow with data.behaviour_batch_size (its logits), the step's do not
+    p2 = plan(load_config(REPO / "configs/smoke.yaml", [f"model.path={stories_model}", "mesh.data=1", "mesh.fsdp=1",
+                                                         "mesh.tensor=1", "data.behaviour_batch_size=256"]),
+              devices=jax.devices()[:1])
+    assert p2["temp_by_phase"]["behaviour"] > 2 * phases["behaviour"]
+    assert p2["temp_by_phase"]["step"] == phases["step"]
     for block in ("per_device", "total"):
         b = p[block]
         assert b["total_bytes"] == sum(b[k] for k in b if k != "total_bytes")

@@ -29,7 +29,6 @@ from jaxppo.optim import (
 )
 from jaxppo.models.adapters import (
     TRAINABLE,
-    attach_lora,
     lora_critic,
     merge_with_base,
     reference_adapters,
@@ -387,16 +386,14 @@ def build_run(cfg: Any, *, devices=None) -> Run:
 
     The training rows are ordered so each prompt group is contiguous (:func:`group_order`) and cut into buffer
     windows of whole groups (:func:`group_windows`); with a critic-free estimator no critic is built."""
-    from jaxppo.data import compute_behaviour_logprobs
     from jaxppo.hf import load_pretrained, load_tokenizer
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
-    from jaxppo.models import shard_model
+    from jaxppo.models.adapters import with_adapters
     from jaxppo.models.dtypes import dtype_of
     from jaxppo.parallel import make_mesh, merged_rules
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
-    hp = step_hparams(cfg)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
     try:
         rules = merged_rules(cfg.mesh.rules)
@@ -408,7 +405,24 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     param_dtype, compute_dtype = dtype_of(cfg.model.param_dtype), dtype_of(cfg.model.compute_dtype)
     actor_model = load_pretrained(model_path, dtype=param_dtype, compute_dtype=compute_dtype, mesh=mesh, rules=rules,
                                   remat=cfg.model.remat)
+    actor_model = with_adapters(actor_model, cfg.model.lora, seed=cfg.trainer.seed, mesh=mesh, rules=rules)
     train, heldout, report = split_data(cfg, tokenizer, reference_path=model_path, reference=actor_model)
+    return assemble_run(cfg, mesh, rules, tokenizer, model_path, actor_model, train, heldout, report)
+
+
+def assemble_run(cfg: Any, mesh, rules: dict, tokenizer, model_path, actor_model, train: dict[str, np.ndarray],
+                 heldout: dict[str, np.ndarray], report) -> Run:
+    """:func:`build_run` after its I/O: from the loaded (sharded) policy — with its adapters attached
+    (``models.adapters.with_adapters``) when ``model.lora`` asks for them — and the tokenized training / held-out rows to the
+    run (reference log-probs, PF-PPO weights, the filled buffer, critic or adapters, jitted prepare and step).
+    ``benchmarks/device_step.py`` calls it with random weights and synthetic rows: the same path as training."""
+    from jaxppo.data import compute_behaviour_logprobs
+    from jaxppo.models import shard_model
+
+    if spec_from_config(cfg.model.lora) is not None and actor_model.config.lora is None:
+        raise ValueError("assemble_run: model.lora.rank > 0 but the policy has no adapters; attach them first "
+                         "(with_adapters), before any reference pass")
+    hp = step_hparams(cfg)
     n_rows = int(train["prompt_ids"].shape[0])
     check_rows(report, n_rows, int(heldout["prompt_ids"].shape[0]), min_train=cfg.actor.ppo_mini_batch_size,
                min_train_key="actor.ppo_mini_batch_size", eval_fraction=cfg.data.eval_fraction)
@@ -441,8 +455,12 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     if hp.critic is not None:
         critic_model = make_critic(actor_model, share_trunk=cfg.critic.share_trunk, seed=cfg.trainer.seed)
         if cfg.critic.model_path and not cfg.critic.share_trunk:
+            from jaxppo.hf import load_pretrained
+            from jaxppo.hf.paths import resolve_model_path
             from jaxppo.models import ValueModel
+            from jaxppo.models.dtypes import dtype_of
 
+            param_dtype, compute_dtype = dtype_of(cfg.model.param_dtype), dtype_of(cfg.model.compute_dtype)
             critic_lm = load_pretrained(resolve_model_path(cfg.critic.model_path), dtype=param_dtype,
                                         compute_dtype=compute_dtype, mesh=mesh, rules=rules)
             critic_model = ValueModel.from_lm(critic_lm, rngs=nnx.Rngs(cfg.trainer.seed))
@@ -465,12 +483,10 @@ def _finish_lora_run(cfg, mesh, rules, tokenizer, model_path, actor_model, spec,
                      capacity, chunk, report, windows, pf_stats) -> Run:
     """``build_run``'s models with adapters: the actor's adapters, a critic on the same base (or a bare value head
     with ``critic.share_trunk``; none when critic-free), the base outside the train state, no reference copy."""
-    from jaxppo.models import named_shardings, shard_model
+    from jaxppo.models import named_shardings
 
     with_critic = step_hparams(cfg).critic is not None
     _check_lora_critic(cfg, with_critic)
-    attach_lora(actor_model, spec, seed=cfg.trainer.seed)
-    shard_model(actor_model, mesh, rules)
     actor_gd, actor_params, base = split_frozen(actor_model)
     critic_gd = critic_params = None
     if with_critic:
