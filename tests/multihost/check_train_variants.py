@@ -1,9 +1,10 @@
 """A manual check (issue 17), not collected by pytest: train variants other than the CI test's smoke default
-(GRPO + PF-PPO + token IS + prioritized replay; GAE + verl rollout correction + uniform replay; RLOO + sequence IS)
-under 2 processes x 4 devices vs 1 process x 8, 6 steps each; prints the worst relative differences.
+(GRPO + PF-PPO + token IS + prioritized replay; GAE + verl rollout correction + uniform replay; RLOO + sequence IS;
+LoRA rank 8 with and without adapter dropout) under 2 processes x 4 devices vs 1 process x 8, 6 steps each; prints
+the worst relative differences.
 
     python -m jaxppo.train --config configs/smoke.yaml     # once: it collects runs/smoke_data/data.jsonl
-    python -m tests.multihost.check_train_variants [OUT_DIR]     # from the repository root
+    python -m tests.multihost.check_train_variants [OUT_DIR [VARIANT ...]]     # from the repository root
 """
 import json
 import sys
@@ -21,7 +22,14 @@ VARIANTS = {
     "rloo_uniform_seqis": ["algorithm.adv_estimator=rloo", "replay.sampling=uniform", "importance.level=sequence"],
     "gae_rollout_correction": ["importance.enabled=false", "algorithm.rollout_correction.rollout_is=token",
                                "algorithm.rollout_correction.rollout_is_threshold=2.0", "replay.sampling=uniform"],
+    "lora": ["model.lora.rank=8"],
+    "lora_dropout": ["model.lora.rank=8", "model.lora.dropout=0.1"],
 }
+if len(sys.argv) > 2:     # only the named variants
+    unknown = [v for v in sys.argv[2:] if v not in VARIANTS]
+    if unknown:
+        sys.exit(f"check_train_variants: unknown variant(s) {unknown}; known: {list(VARIANTS)}")
+    VARIANTS = {k: VARIANTS[k] for k in sys.argv[2:]}
 RTOL = 1e-4          # on the losses (ppo_kl is near 0: its relative difference is reported, not checked)
 failed = []
 for name, extra in VARIANTS.items():
