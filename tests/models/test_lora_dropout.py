@@ -132,6 +132,7 @@ def _logprobs(m):
     return m.continuation_logprobs(IDS[:, :3], MASK[:, :3], IDS[:, 3:], MASK[:, 3:])
 
 
+@pytest.mark.slow
 def test_model_dropout_only_with_a_key_scan_equals_unrolled():
     key = jax.random.PRNGKey(0)
     outs = {}
