@@ -29,7 +29,8 @@ def _two_steps(run, state):
 def test_lora_dropout_in_the_update_only_deterministic_and_mesh_independent(make_cfg):
     from jaxppo.trainer.ppo.setup import build_run
 
-    o = ("model.lora.rank=4", "data.eval_fraction=0", "critic.ppo_epochs=2")
+    # no LR warmup: step 1 already moves B, so step 2's loss reads the masked adapters (not only other samples)
+    o = ("model.lora.rank=4", "data.eval_fraction=0", "critic.ppo_epochs=2", "actor.optim.warmup_steps=0")
     r0 = build_run(make_cfg(*o), devices=jax.devices()[:1])
     rp = build_run(make_cfg(*o, "model.lora.dropout=0.3"), devices=jax.devices()[:1])
     s0, sp = r0.prepare(r0.state), rp.prepare(rp.state)
@@ -59,7 +60,7 @@ def test_lora_dropout_in_the_update_only_deterministic_and_mesh_independent(make
             assert b[k] == pytest.approx(a[k], rel=2e-3, abs=2e-5), k
 
     # p = 0 adds no random operation: the LoRA step has as many as the full-weight step (the replay sampling)
-    rf = build_run(make_cfg("data.eval_fraction=0", "critic.ppo_epochs=2"), devices=jax.devices()[:1])
+    rf = build_run(make_cfg(*o[1:]), devices=jax.devices()[:1])
     n_full = count_random_ops(rf.step, rf.state)
     assert n_full > 0
     assert count_random_ops(r0.step.fn, s0, r0.base) == n_full
