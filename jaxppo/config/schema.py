@@ -38,8 +38,8 @@ class LoraConfig:
         bad = [t for t in self.targets if t not in LORA_TARGETS]
         check(not bad and len(self.targets) > 0 and len(set(self.targets)) == len(self.targets), "model.lora.targets",
               f"must be distinct names from {list(LORA_TARGETS)}, got {list(self.targets)}")
-        check(self.dropout == 0.0, "model.lora.dropout",
-              f"adapter dropout is not wired into training yet; only 0.0 is accepted, got {self.dropout}")
+        check(self.dropout == 0.0 or self.rank > 0, "model.lora.dropout",
+              f"adapter dropout needs adapters (model.lora.rank > 0), got dropout={self.dropout} with rank 0")
         check(self.quantize_base is None or self.rank > 0, "model.lora.quantize_base",
               "a quantized base is frozen: it needs adapters (model.lora.rank > 0)")
 

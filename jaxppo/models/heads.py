@@ -67,8 +67,10 @@ class ValueModel(_TrunkWithHead):
 
     HEAD = "value_head"
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        return self.value_head(self.model(input_ids, attention_mask))
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                 lora_key: jax.Array | None = None) -> jax.Array:
+        """Values [B, T]; ``lora_key``: adapter dropout of the trunk's adapters (training passes only)."""
+        return self.value_head(self.model(input_ids, attention_mask, lora_key=lora_key))
 
 
 class RewardModel(_TrunkWithHead):

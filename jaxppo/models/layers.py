@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxppo.models.lora_dropout import Drop, target_input
 from jaxppo.models.quant import dequantize_nf4_last
 
 MASK_VALUE = -1e30  # finite, so a fully masked row (a left-pad query) gives a uniform row, not NaN
@@ -186,42 +187,44 @@ def weight(p: dict, name: str, dtype) -> jax.Array:
     return w
 
 
-def linear(x: jax.Array, p: dict, name: str, w: jax.Array | None = None) -> jax.Array:
+def linear(x: jax.Array, p: dict, name: str, w: jax.Array | None = None, drop: Drop | None = None) -> jax.Array:
     """``dense(x, W)`` for ``W = p[name]`` (or ``w``; dequantized by :func:`weight`), plus the LoRA term
-    ``(x·A)·B`` when the layer dict has ``<name>_lora_a`` [in, r] / ``<name>_lora_b`` [r, *out] (``B``
-    pre-multiplied by the scale alpha/r; ``jaxppo.models.lora``)."""
+    ``(x̃·A)·B`` when the layer dict has ``<name>_lora_a`` [in, r] / ``<name>_lora_b`` [r, *out] (``B``
+    pre-multiplied by the scale alpha/r; ``jaxppo.models.lora``). ``x̃ = x``, or with ``drop`` the adapter dropout
+    of ``x`` (``jaxppo.models.lora_dropout``: the adapter branch only, never ``x·W``)."""
     y = dense(x, weight(p, name, x.dtype) if w is None else w)
     a = p.get(name + "_lora_a")
     if a is not None:
-        y = y + dense(dense(x, a), p[name + "_lora_b"])
+        y = y + dense(dense(target_input(x, drop, name), a), p[name + "_lora_b"])
     return y
 
 
-def swiglu(x: jax.Array, p: dict) -> jax.Array:
-    """``down(silu(gate(x)) · up(x))`` (optional biases ``gate_b``, ``up_b``, ``down_b``)."""
-    g = linear(x, p, "gate")
-    u = linear(x, p, "up")
+def swiglu(x: jax.Array, p: dict, drop: Drop | None = None) -> jax.Array:
+    """``down(silu(gate(x)) · up(x))`` (optional biases ``gate_b``, ``up_b``, ``down_b``; ``drop``: :func:`linear`)."""
+    g = linear(x, p, "gate", drop=drop)
+    u = linear(x, p, "up", drop=drop)
     if "gate_b" in p:
         g = g + p["gate_b"]
         u = u + p["up_b"]
-    y = linear(jax.nn.silu(g) * u, p, "down")
+    y = linear(jax.nn.silu(g) * u, p, "down", drop=drop)
     if "down_b" in p:
         y = y + p["down_b"]
     return y
 
 
-def qkv(x: jax.Array, p: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Projections ``q`` [B,T,H,hd], ``k``, ``v`` [B,T,K,hd] from ``x`` [B,T,D] (biases when present)."""
-    q, k, v = linear(x, p, "q"), linear(x, p, "k"), linear(x, p, "v")
+def qkv(x: jax.Array, p: dict, drop: Drop | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Projections ``q`` [B,T,H,hd], ``k``, ``v`` [B,T,K,hd] from ``x`` [B,T,D] (biases when present; ``drop``:
+    :func:`linear`)."""
+    q, k, v = linear(x, p, "q", drop=drop), linear(x, p, "k", drop=drop), linear(x, p, "v", drop=drop)
     if "q_b" in p:
         q, k, v = q + p["q_b"], k + p["k_b"], v + p["v_b"]
     return q, k, v
 
 
-def out_proj(o: jax.Array, p: dict) -> jax.Array:
-    """``o`` [B,T,H,hd] -> [B,T,D] through ``p["o"]`` [H,hd,D] (+ ``o_b``)."""
+def out_proj(o: jax.Array, p: dict, drop: Drop | None = None) -> jax.Array:
+    """``o`` [B,T,H,hd] -> [B,T,D] through ``p["o"]`` [H,hd,D] (+ ``o_b``; ``drop``: :func:`linear`)."""
     w = weight(p, "o", o.dtype)
-    y = linear(o.reshape(*o.shape[:-2], -1), p, "o", w.reshape(-1, w.shape[-1]))
+    y = linear(o.reshape(*o.shape[:-2], -1), p, "o", w.reshape(-1, w.shape[-1]), drop)
     if "o_b" in p:
         y = y + p["o_b"]
     return y

@@ -10,6 +10,11 @@ gets two stacked low-rank factors, applied per layer inside the same ``lax.scan`
 so at initialisation the adapted model equals the base exactly (B = 0), and the merged weight
 ``W' = W + s · A·B`` (reshaped to W's shape) gives the same output as the adapter forward.
 
+Adapter dropout (``LoraSpec.dropout = p``, :mod:`jaxppo.models.lora_dropout`, PEFT's ``lora_dropout``) replaces
+``x`` by ``x ⊙ ξ / (1 − p)`` (``ξ ~ Bernoulli(1 − p)``) in the adapter branch only, ``y = x·W + s · (drop(x)·A)·B``,
+and only when the model is called with an explicit ``lora_key`` -- which the trainers pass in their update's loss and
+nowhere else (evaluation, reference / behaviour log-probs, the prepare pass and the merged export run without it).
+
 The factors are :class:`LoRAParam` variables (a subclass of ``nnx.Param``: filters that select ``nnx.Param``
 see them too; ``nnx.split(model, LoRAParam, ...)`` separates them from the frozen base). Inside the layer the
 factor arrays travel in the per-layer parameter dict under ``"<target>_lora_a"`` / ``"<target>_lora_b"``
@@ -44,7 +49,7 @@ class LoRAParam(nnx.Param):
 @dataclasses.dataclass(frozen=True)
 class LoraSpec:
     """Adapter hyper-parameters: ``rank`` r ≥ 1, ``alpha`` (scale ``s = alpha / r``), ``targets`` (a subset of
-    :data:`TARGETS`), ``dropout`` on the adapter input (0 ≤ p < 1; only 0 is wired into training yet),
+    :data:`TARGETS`), ``dropout`` on the adapter input (0 ≤ p < 1; training passes only, module doc),
     ``quantize_base`` (QLoRA: the seven frozen projections stored as int8 or NF4, dequantized per layer)."""
 
     rank: int

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.models.config import LMConfig
 from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, init_adapters, quantize_stacked
+from jaxppo.models.lora_dropout import Drop, layer_keys
 from jaxppo.models.layers import (apply_rope, attention, attention_allowed, is_low_precision, make_param, mixed_einsum,
                                   out_proj, positions_from_mask, qkv, rms_norm, rope_cos_sin, swiglu)
 from jaxppo.models.sharding import constrain_batch, mesh_of, vocab_parallel_axes
@@ -66,15 +67,18 @@ def layer_param_shapes(cfg: LMConfig) -> dict[str, tuple[tuple[int, ...], tuple[
     return out
 
 
-def _layer(cfg: LMConfig, p: dict, x, cos, sin, allowed, cache=None, index=None, layer=None):
+def _layer(cfg: LMConfig, p: dict, x, cos, sin, allowed, cache=None, index=None, layer=None, drop_key=None):
     """One pre-norm block: ``x + attn(norm(x))`` then ``x + swiglu(norm(x))``.
+
+    ``drop_key``: this layer's adapter-dropout key (``jaxppo.models.lora_dropout``; None: no dropout).
 
     With ``cache=(k_buf, v_buf)`` the new keys/values are written at slots ``index..`` and attention reads the
     layer's whole buffer; the buffers are this layer's own [B, K, S, hd] when ``layer`` is None, else the
     stacked [L, B, K, S, hd] arrays of which row ``layer`` is updated and read. Returns ``(x, cache)``.
     """
+    drop = None if drop_key is None else Drop(drop_key, cfg.lora.dropout)
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = qkv(h, p)
+    q, k, v = qkv(h, p, drop)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     if cache is not None:
@@ -93,9 +97,9 @@ def _layer(cfg: LMConfig, p: dict, x, cos, sin, allowed, cache=None, index=None,
         cache = (k_buf, v_buf)
     else:
         o = attention(q, k, v, allowed)
-    x = x + out_proj(o, p)
+    x = x + out_proj(o, p, drop)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    x = x + swiglu(h, p)
+    x = x + swiglu(h, p, drop)
     return x, cache
 
 
@@ -156,23 +160,28 @@ class DecoderLayers(nnx.Module):
         return [{k: rows[k][i] for k in rows} for i in range(n)]
 
     def __call__(self, x, cos, sin, allowed, cache: tuple | None = None, index=None,
-                 layer_params: list[dict] | None = None):
+                 layer_params: list[dict] | None = None, lora_key: jax.Array | None = None):
         """``x`` [B, T, D] through every block; returns ``(x, cache)``.
 
         ``cache=(k, v)`` as in ``KVCache`` (stacked when scanning, per-layer tuples when unrolled).
         ``layer_params``: the result of ``self.layer_params(x.dtype)`` computed once by the caller (the decode
         loop slices the weights once per generation, not once per token); unrolled layers only.
+        ``lora_key``: adapter dropout (training only; ``jaxppo.models.lora_dropout``), layer ``l`` gets
+        ``split(lora_key, L)[l]``; ignored unless the adapters have ``dropout > 0``; not with a cache.
         """
         cfg = self.config
         n = cfg.num_hidden_layers
         mesh = mesh_of(self.q[...])  # activations stay batch-split: each layer gathers its FSDP weight shards
         x = constrain_batch(x, mesh)
+        keys = layer_keys(lora_key, cfg.lora, n)
+        if keys is not None and cache is not None:
+            raise ValueError("DecoderLayers: adapter dropout (lora_key) is for training passes, not cached decoding")
 
         def body(carry, xs):
-            pl, li = xs
+            pl, li = xs[:2]
             pl = {k: _cast_float(a, x.dtype) for k, a in pl.items()}  # one layer at a time (no-op unrolled)
             if cache is None:
-                y, _ = _layer(cfg, pl, carry, cos, sin, allowed)
+                y, _ = _layer(cfg, pl, carry, cos, sin, allowed, drop_key=None if keys is None else xs[2])
                 return constrain_batch(y, mesh), None
             y, c = _layer(cfg, pl, carry[0], cos, sin, allowed, carry[1:], index, li)
             return (constrain_batch(y, mesh),) + c, None
@@ -183,14 +192,15 @@ class DecoderLayers(nnx.Module):
             if layer_params is not None:
                 raise ValueError("DecoderLayers: layer_params is for unrolled layers (LMConfig.unroll_layers)")
             carry = x if cache is None else (x,) + tuple(cache)
-            carry, _ = jax.lax.scan(body, carry, (self.param_dict(None), jnp.arange(n)))
+            xs = (self.param_dict(None), jnp.arange(n)) + (() if keys is None else (keys,))
+            carry, _ = jax.lax.scan(body, carry, xs)
             return (carry, None) if cache is None else (carry[0], carry[1:])
         per = self.layer_params(x.dtype) if layer_params is None else layer_params
         if len(per) != n:
             raise ValueError(f"DecoderLayers: got {len(per)} layer_params for {n} layers")
         if cache is None:
             for i in range(n):
-                x, _ = body(x, (per[i], i))
+                x, _ = body(x, (per[i], i) + (() if keys is None else (keys[i],)))
             return x, None
         ks, vs = list(cache[0]), list(cache[1])
         for i in range(n):
@@ -217,8 +227,10 @@ class Transformer(nnx.Module):
         _check_ids(input_ids)
         return jnp.take(_frozen(self.embed[...], self.config.lora), input_ids, axis=0).astype(self.compute_dtype)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        """Hidden states [B, T, D] (compute dtype) after the final norm."""
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                 lora_key: jax.Array | None = None) -> jax.Array:
+        """Hidden states [B, T, D] (compute dtype) after the final norm (``lora_key``: adapter dropout,
+        ``DecoderLayers.__call__``)."""
         input_ids = jnp.asarray(input_ids)
         mask = _mask_or_ones(input_ids, attention_mask)
         positions = positions_from_mask(mask)
@@ -226,7 +238,7 @@ class Transformer(nnx.Module):
         t = input_ids.shape[1]
         slots = jnp.arange(t)
         allowed = attention_allowed(slots, slots, mask, self.config.sliding_window)
-        x, _ = self.layers(self._embed(input_ids), cos, sin, allowed)
+        x, _ = self.layers(self._embed(input_ids), cos, sin, allowed, lora_key=lora_key)
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
     def init_cache(self, batch: int, length: int) -> KVCache:
@@ -305,24 +317,29 @@ class CausalLM(nnx.Module):
             out = jax.lax.with_sharding_constraint(out, NamedSharding(mesh, PartitionSpec(vp[0], vp[1])))
         return constrain_batch(out.reshape(*lead, -1), mesh)
 
-    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        return self.model(input_ids, attention_mask)
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                      lora_key: jax.Array | None = None) -> jax.Array:
+        """Final-normed hidden states; ``lora_key``: adapter dropout (training passes only,
+        ``jaxppo.models.lora_dropout``)."""
+        return self.model(input_ids, attention_mask, lora_key=lora_key)
 
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        return self.logits_from_hidden(self.model(input_ids, attention_mask))
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                 lora_key: jax.Array | None = None) -> jax.Array:
+        return self.logits_from_hidden(self.model(input_ids, attention_mask, lora_key=lora_key))
 
     def continuation_logprobs(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
-                              response_mask: jax.Array) -> jax.Array:
+                              response_mask: jax.Array, *, lora_key: jax.Array | None = None) -> jax.Array:
         """``log π(y_t | x, y_<t)`` [B, R] float32 of each response token, 0 where ``response_mask`` is 0.
 
         The trunk runs over ``concat(prompt, response)`` [B, P+R]; only the R positions ``P-1 .. P+R-2`` that
         predict a response token go through the LM head (not all P+R), and the log-prob is
         ``(z_y − m) − log Σ_v exp(z_v − m)`` with ``m = max_v z_v`` (no [B, R, V] log-softmax is stored).
+        ``lora_key``: adapter dropout (the DPO update's loss only; ``jaxppo.models.lora_dropout``).
         """
         p, r = prompt_ids.shape[1], response_ids.shape[1]
         ids = jnp.concatenate([prompt_ids, response_ids], axis=1).astype(jnp.int32)
         mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(jnp.int32)
-        z = self.logits_from_hidden(self.model(ids, mask)[:, p - 1:p + r - 1])
+        z = self.logits_from_hidden(self.model(ids, mask, lora_key=lora_key)[:, p - 1:p + r - 1])
         m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
         lse = jnp.log(jnp.sum(jnp.exp(z - m), axis=-1))
         tok = jnp.take_along_axis(z, response_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]

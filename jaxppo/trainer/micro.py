@@ -55,25 +55,29 @@ def split_micro(tree: Any, n: int, mesh: Any = None) -> Any:
     return jax.tree.map(lambda x: constrain_batch(strided_split(x, n), mesh, axis=1), tree)
 
 
-def micro_grads(grad_fn: Callable, params: Any, args: tuple, n_micro: int, mesh: Any = None) -> tuple[Any, Any]:
+def micro_grads(grad_fn: Callable, params: Any, args: tuple, n_micro: int, mesh: Any = None,
+                key: jax.Array | None = None) -> tuple[Any, Any]:
     """Gradient accumulation: ``(mean_j g_j, aux stacked [n_micro, ...])`` of ``(g_j, aux_j) = grad_fn(params, *args_j)``
     over the strided micro-batches ``args_j`` of every ``[B, ...]`` leaf of ``args`` (``lax.scan``)::
 
         g = (1/n) Σ_j g_j                      (= the full-batch gradient of a mean loss, micro-batches being equal)
 
     ``n_micro == 1``: one call on the whole batch, ``aux`` leaves get a leading axis of 1. Per-row outputs in ``aux``
-    come back ``[n, B/n, ...]``; :func:`strided_merge` puts them back in row order."""
+    come back ``[n, B/n, ...]``; :func:`strided_merge` puts them back in row order. ``key`` (adapter dropout): micro-batch
+    ``j`` gets ``fold_in(key, j)`` as a last argument, ``grad_fn(params, *args_j, key_j)``."""
     if n_micro == 1:
-        g, aux = grad_fn(params, *args)
+        g, aux = grad_fn(params, *args, *(() if key is None else (jax.random.fold_in(key, 0),)))
         return g, jax.tree.map(lambda a: a[None], aux)
     xs = split_micro(args, n_micro, mesh)
 
     def body(acc, x):
+        x, extra = (x, ()) if key is None else (x[0], (jax.random.fold_in(key, x[1]),))
         x = jax.tree.map(lambda y: constrain_batch(y, mesh, axis=0), x)
-        g, aux = grad_fn(params, *x)
+        g, aux = grad_fn(params, *x, *extra)
         return jax.tree.map(jnp.add, acc, g), aux
 
-    gsum, aux = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), xs)
+    gsum, aux = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
+                             xs if key is None else (xs, jnp.arange(n_micro)))
     return jax.tree.map(lambda g: g / n_micro, gsum), aux
 
 

@@ -1,9 +1,10 @@
 """A manual check (issue 17), not collected by pytest: train variants other than the CI test's smoke default
-(GRPO + PF-PPO + token IS + prioritized replay; GAE + verl rollout correction + uniform replay; RLOO + sequence IS)
-under 2 processes x 4 devices vs 1 process x 8, 6 steps each; prints the worst relative differences.
+(GRPO + PF-PPO + token IS + prioritized replay; GAE + verl rollout correction + uniform replay; RLOO + sequence IS;
+LoRA rank 8 with and without adapter dropout) under 2 processes x 4 devices vs 1 process x 8, 6 steps each; prints
+the worst relative differences.
 
     python -m jaxppo.train --config configs/smoke.yaml     # once: it collects runs/smoke_data/data.jsonl
-    python -m tests.multihost.check_train_variants [OUT_DIR]     # from the repository root
+    python -m tests.multihost.check_train_variants [OUT_DIR [VARIANT ...]]     # from the repository root
 """
 import json
 import sys
@@ -21,7 +22,19 @@ VARIANTS = {
     "rloo_uniform_seqis": ["algorithm.adv_estimator=rloo", "replay.sampling=uniform", "importance.level=sequence"],
     "gae_rollout_correction": ["importance.enabled=false", "algorithm.rollout_correction.rollout_is=token",
                                "algorithm.rollout_correction.rollout_is_threshold=2.0", "replay.sampling=uniform"],
+    "lora": ["model.lora.rank=8"],
+    "lora_dropout": ["model.lora.rank=8", "model.lora.dropout=0.1"],
 }
+# XLA:CPU flags a variant needs: with adapter dropout, XLA's default concurrency-optimized CPU scheduler let the 8
+# simulated devices of one process (data=2 x fsdp=4) enter two collectives in different orders (an fsdp all-gather
+# and a data all-reduce of the step: every device waiting, the 40 s rendezvous timeout aborts; 3 of 3 runs, and the
+# 2-process run hung); without it the run completes (launch/README.md)
+XLA_EXTRA = {"lora_dropout": "--xla_cpu_enable_concurrency_optimized_scheduler=false"}
+if len(sys.argv) > 2:     # only the named variants
+    unknown = [v for v in sys.argv[2:] if v not in VARIANTS]
+    if unknown:
+        sys.exit(f"check_train_variants: unknown variant(s) {unknown}; known: {list(VARIANTS)}")
+    VARIANTS = {k: VARIANTS[k] for k in sys.argv[2:]}
 RTOL = 1e-4          # on the losses (ppo_kl is near 0: its relative difference is reported, not checked)
 failed = []
 for name, extra in VARIANTS.items():
@@ -29,11 +42,15 @@ for name, extra in VARIANTS.items():
               "trainer.total_steps=6", "trainer.save_every=3", "trainer.eval_every=null", "trainer.eval_prompts=8",
               "trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false", "mesh.data=2", "mesh.fsdp=4", *extra]
     one, two = base / f"{name}_one", base / f"{name}_two"
+    flags = XLA_EXTRA.get(name)
+
+    def xla(d, flags=flags):
+        return {} if flags is None else {"XLA_FLAGS": f"--xla_force_host_platform_device_count={d} {flags}"}
     p1 = procs.start([sys.executable, "-m", "jaxppo.train", *common, f"trainer.output_dir={one}"], n=1, devices=8,
-                     logdir=base / f"{name}_logs1", env={"JAXPPO_DISTRIBUTED": "0"})
+                     logdir=base / f"{name}_logs1", env={"JAXPPO_DISTRIBUTED": "0", **xla(8)})
     r1 = procs.wait(p1, timeout=900)
     p2 = procs.start(procs.python(str(REPO / "launch/multihost.py"), *common, f"trainer.output_dir={two}"), n=2, devices=4,
-                     logdir=base / f"{name}_logs2")
+                     logdir=base / f"{name}_logs2", env=xla(4))
     r2 = procs.wait(p2, timeout=900)
     ok = all(r.returncode == 0 for r in r1 + r2)
     print(name, "exit codes", [r.returncode for r in r1 + r2])

@@ -221,7 +221,8 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     state = replicate_leaves(state, mesh)
     batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in PAIR_KEYS}
     step = make_dpo_step(graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
-                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=base)
+                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=base,
+                         lora_dropout=0.0 if spec is None else spec.dropout, seed=cfg.trainer.seed)
     return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, graphdef=graphdef,
                   ref_params=ref_params, state=state, step=step, train=train, heldout=heldout,
                   batch_shardings=batch_sh, report=report, base=base)

@@ -19,6 +19,11 @@ e), N)``: a function of (seed, cursor) only, so a resumed run draws the same bat
 Step: the learning rate is ``lr_schedule(state.step)`` (as the PPO trainer), the update ``lr_scale ×`` AdamW's;
 a non-finite loss or gradient skips the update in-graph (parameters and optimizer state kept) and counts it in
 ``nan_total``/``nan_streak`` (metric ``train/nan_skipped``).
+
+Adapter dropout (``lora_dropout = p > 0``, ``jaxppo.models.lora_dropout``): only the update's loss runs the adapters
+with dropout, micro-batch ``j`` of step ``s`` with the key ``fold_in(fold_in(fold_in(PRNGKey(seed), s),
+DROPOUT_STREAM), j)`` (the PPO step's derivation; a function of (seed, step), so a resumed run draws the same
+masks). The reference log-probs and every evaluation pass run without it. ``p = 0``: no random operation.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
+from jaxppo.models.lora_dropout import DROPOUT_STREAM
 from jaxppo.ops import dpo_loss
 from jaxppo.optim import learning_rate_of, set_learning_rate, shardings_of
 from jaxppo.parallel.host import to_host
@@ -93,20 +99,24 @@ def pair_stack(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.A
     return p_ids, p_mask, r_ids, r_mask
 
 
-def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array], lora_key: jax.Array | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
     """``(logp_chosen [B], logp_rejected [B])``: summed response log-probs, one forward over ``[2B, P+R]``.
-    ``params``: the model's state, or with adapters the pair ``(trainable, base)`` (``jaxppo.models.adapters``)."""
+    ``params``: the model's state, or with adapters the pair ``(trainable, base)`` (``jaxppo.models.adapters``);
+    ``lora_key``: adapter dropout (the update's loss only)."""
     model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
-    lp = model.continuation_logprobs(*pair_stack(batch)).sum(axis=1)
+    lp = model.continuation_logprobs(*pair_stack(batch), lora_key=lora_key).sum(axis=1)
     b = batch["prompt_ids"].shape[0]
     return lp[:b], lp[b:]
 
 
 def pair_loss(graphdef: Any, params: Any, batch: dict[str, jax.Array], hp: DPOHParams,
-              rpo_tokens_per_pair: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+              rpo_tokens_per_pair: jax.Array | None = None, lora_key: jax.Array | None = None
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``mean_pairs dpo_loss`` of ``batch`` under ``params`` and TRL's metrics (``loss`` included);
-    ``rpo_tokens_per_pair``: the whole batch's chosen tokens per pair when ``batch`` is one micro-batch of it."""
-    pc, pr = policy_pair_logps(graphdef, params, batch)
+    ``rpo_tokens_per_pair``: the whole batch's chosen tokens per pair when ``batch`` is one micro-batch of it;
+    ``lora_key``: adapter dropout of the policy's forward (module doc)."""
+    pc, pr = policy_pair_logps(graphdef, params, batch, lora_key)
     lengths = {}
     if hp.loss_type in ("ipo", "sigmoid_norm") or hp.rpo_alpha > 0:
         lengths = dict(chosen_length=batch["chosen_mask"].sum(1), rejected_length=batch["rejected_mask"].sum(1))
@@ -123,31 +133,39 @@ def _tree_finite(tree: Any) -> jax.Array:
 
 
 def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, hp: DPOHParams, *,
-                  state_shardings: Any = None, batch_shardings: Any = None, mesh: Any = None, base: Any = None):
+                  state_shardings: Any = None, batch_shardings: Any = None, mesh: Any = None, base: Any = None,
+                  lora_dropout: float = 0.0, seed: int = 0):
     """Jitted ``(state, batch) -> (state, metrics)`` with the state donated (module doc). Micro-batches are the
     strided ones of every trainer (``jaxppo.trainer.micro.micro_grads``); with ``mesh`` they are constrained to
     stay split over the batch axes. With adapters ``state.actor`` is the trainable part and ``base`` the frozen
-    one, a third, non-donated argument of the jitted function that the returned callable binds."""
+    one, a third, non-donated argument of the jitted function that the returned callable binds. ``lora_dropout``
+    (the adapters' ``LoraSpec.dropout``) and ``seed`` (``trainer.seed``): the adapter dropout of the loss."""
+    if not 0.0 <= lora_dropout < 1.0:
+        raise ValueError(f"make_dpo_step: lora_dropout must be in [0, 1), got {lora_dropout!r}")
 
-    def grads_of(params, batch, frozen=None):
+    def grads_of(params, batch, frozen=None, key=None):
         b = batch["prompt_ids"].shape[0]
         mb = hp.micro_batch_size
         if b % mb:
             raise ValueError(f"batch of {b} pairs is not a multiple of micro_batch_size={mb}")
         tpp = jnp.maximum(batch["chosen_mask"].sum(), 1) / b    # RPO's NLL: a token mean over the whole batch
 
-        def one(p, x):
+        def one(p, x, *k):
+            kw = {} if not k else {"lora_key": k[0]}
             (_, metrics), g = jax.value_and_grad(
-                lambda q: pair_loss(graphdef, q if frozen is None else (q, frozen), x, hp, tpp), has_aux=True)(p)
+                lambda q: pair_loss(graphdef, q if frozen is None else (q, frozen), x, hp, tpp, **kw), has_aux=True)(p)
             return g, metrics
 
-        grads, metrics = micro_grads(one, params, (batch,), b // mb, mesh)
+        grads, metrics = micro_grads(one, params, (batch,), b // mb, mesh, key=key)
         return grads, jax.tree.map(lambda m: jnp.mean(m, axis=0), metrics)
 
     def step(state: DPOState, batch: dict[str, jax.Array], frozen=None):
         lr = schedule(state.step)
         opt = set_learning_rate(state.actor_opt, lr)
-        grads, metrics = grads_of(state.actor, batch, frozen)
+        key = None
+        if lora_dropout > 0:
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), state.step), DROPOUT_STREAM)
+        grads, metrics = grads_of(state.actor, batch, frozen, key)
         finite = jnp.isfinite(metrics["loss"]) & _tree_finite(grads)
         safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
         updates, new_opt = tx.update(safe_grads, opt, state.actor)

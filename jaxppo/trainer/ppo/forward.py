@@ -4,7 +4,8 @@ Layout (docs/interfaces): ``ids = concat(prompt_ids [B,P], response_ids [B,R])``
 is predicted by position ``P+t-1``, so logits and values are read at ``[:, P-1 : P+R-1]``.
 With ``share_trunk`` the value head reads the actor's hidden states at those positions. ``batch`` is anything with the
 token fields ``prompt_ids``, ``prompt_mask``, ``response_ids``, ``response_mask`` (``batch.TokenFields``: a
-``Trajectories`` or ``Tokens``).
+``Trajectories`` or ``Tokens``). ``lora_key``: adapter dropout (``jaxppo.models.lora_dropout``), passed only by the
+training update's loss (``steps.make_phases``); every other caller (prepare, evaluation) leaves it None.
 """
 
 from __future__ import annotations
@@ -32,31 +33,35 @@ def response_positions(x: jax.Array, prompt_len: int, response_len: int) -> jax.
     return x[:, prompt_len - 1:prompt_len + response_len - 1]
 
 
-def response_logits(actor_gd, actor_params, batch: TokenFields, *, base=None) -> jax.Array:
+def response_logits(actor_gd, actor_params, batch: TokenFields, *, base=None, lora_key=None) -> jax.Array:
     """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params`` (with adapters: the
     trainable part, ``base`` the frozen one; ``jaxppo.models.adapters``)."""
     actor = merge_with_base(actor_gd, actor_params, base)
     ids, mask, p, r = _ids_mask(batch)
-    return actor.logits_from_hidden(response_positions(actor.hidden_states(ids, mask), p, r)).astype(jnp.float32)
+    h = actor.hidden_states(ids, mask, lora_key=lora_key)
+    return actor.logits_from_hidden(response_positions(h, p, r)).astype(jnp.float32)
 
 
-def response_values(critic_gd, critic_params, batch: TokenFields, *, base=None) -> jax.Array:
+def response_values(critic_gd, critic_params, batch: TokenFields, *, base=None, lora_key=None) -> jax.Array:
     """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions; with adapters
     ``base`` is the actor's frozen base, whose trunk the critic shares (``adapters.trunk_of``)."""
     ids, mask, p, r = _ids_mask(batch)
     critic = merge_with_base(critic_gd, critic_params, None if base is None else trunk_of(base))
-    return response_positions(critic(ids, mask), p, r).astype(jnp.float32)
+    return response_positions(critic(ids, mask, lora_key=lora_key), p, r).astype(jnp.float32)
 
 
 def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
-                           share_trunk: bool, base=None) -> tuple[jax.Array, jax.Array]:
-    """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``batch``."""
+                           share_trunk: bool, base=None, lora_key=None) -> tuple[jax.Array, jax.Array]:
+    """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``batch`` (``lora_key`` only with
+    ``share_trunk``: one trunk pass, whose adapter dropout the value head sees too)."""
     if not share_trunk:
+        if lora_key is not None:
+            raise ValueError("response_logits_values: lora_key with separate models; give each model its own key")
         return (response_logits(actor_gd, actor_params, batch, base=base),
                 response_values(critic_gd, critic_params, batch, base=base))
     actor = merge_with_base(actor_gd, actor_params, base)
     ids, mask, p, r = _ids_mask(batch)
-    h_r = response_positions(actor.hidden_states(ids, mask), p, r)
+    h_r = response_positions(actor.hidden_states(ids, mask, lora_key=lora_key), p, r)
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
     values = nnx.merge(critic_gd, critic_params)(h_r)
     return logits, values.astype(jnp.float32)

@@ -40,6 +40,13 @@
    fresh log-probs, mean over its epochs; not the prox snapshot's KL, which is constant between
    refreshes); the adaptive KL controller ``β ← ops.adaptive_kl_update(β, algorithm/kl, B, target, horizon)``.
 
+7. Adapter dropout (``model.lora.dropout = p > 0``; ``jaxppo.models.lora_dropout``): only the losses of item 3 run
+   the adapters with dropout. Their keys come from the step key: ``k = fold_in(fold_in(state.rng, state.step),
+   DROPOUT_STREAM)``, phase ``i`` (actor, critic / the joint loss) ``fold_in(k, i)``, epoch ``e`` ``fold_in(·, e)``,
+   micro-batch ``j`` ``fold_in(·, j)`` -- a function of (rng, step) only, so a resumed run draws the masks of an
+   uninterrupted one, and (JAX's partitionable threefry) the same on any mesh. ``p = 0``: no key, no random
+   operation added to the step.
+
 ``replay/sample_efficiency`` = share of the minibatch whose effective weight ``w_i · mean_t ρ_t`` is
 above 0.1 (non-negligible contribution to the gradient).
 """
@@ -56,6 +63,7 @@ import optax
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.ops.masked import masked_var
+from jaxppo.models.lora_dropout import DROPOUT_STREAM
 from jaxppo.optim import lr_schedule, set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
 from jaxppo.trainer.micro import micro_grads, strided_merge
@@ -220,8 +228,9 @@ def _f32(aux):
 class Phase(NamedTuple):
     """One optimised loss of the step: the ``TrainState`` fields it updates, its loss, its epoch count.
 
-    ``loss_fn(params: tuple, batch: BufferItem, w [B], counts [B] or None) -> (loss, (aux, priority [B] or None))``
-    with ``params`` the fields' values in ``fields`` order; ``aux["_loss"]`` is the loss itself (NaN check).
+    ``loss_fn(params: tuple, batch: BufferItem, w [B], counts [B] or None, key=None) -> (loss, (aux, priority [B] or
+    None))`` with ``params`` the fields' values in ``fields`` order; ``aux["_loss"]`` is the loss itself (NaN check);
+    ``key``: the adapter-dropout key of this micro-batch (None: no dropout).
     """
     fields: tuple[str, ...]
     loss_fn: Callable
@@ -237,25 +246,26 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     gradient reaches it)."""
     c = hp.critic
 
-    def actor_loss(params, batch, w, counts):
-        la, aux = actor_terms(hp, response_logits(actor_gd, params[0], batch.data, base=base), batch, w, counts)
+    def actor_loss(params, batch, w, counts, key=None):
+        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key)
+        la, aux = actor_terms(hp, logits, batch, w, counts)
         return la, (_f32({**aux, "_loss": la}), None)
 
     if c is None:
         return [Phase(("actor",), actor_loss, hp.actor_epochs)]
     if c.share_trunk:
-        def joint(params, batch, w, counts):
+        def joint(params, batch, w, counts, key=None):
             logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], batch.data,
-                                                    share_trunk=True, base=base)
+                                                    share_trunk=True, base=base, lora_key=key)
             la, aux_a = actor_terms(hp, logits, batch, w, counts)
             vf, aux_c, prio = critic_terms(hp, values, batch, w, counts)
             total = la + c.vf_coef * vf
             return total, (_f32({**aux_a, **aux_c, "_loss": total}), prio)
         return [Phase(("actor", "critic"), joint, hp.actor_epochs)]
 
-    def critic_loss(params, batch, w, counts):
-        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data, base=base), batch, w,
-                                       counts)
+    def critic_loss(params, batch, w, counts, key=None):
+        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data, base=base, lora_key=key),
+                                     batch, w, counts)
         lc = c.vf_coef * vf
         return lc, (_f32({**aux, "_loss": lc}), prio)
 
@@ -265,27 +275,27 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
 
 def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     """One optimizer update of ``loss_fn`` on a minibatch:
-    ``(params, opts, scales, batch, w, counts) -> (params, opts, aux, priority, grad_norms)``.
+    ``(params, opts, scales, batch, w, counts, key=None) -> (params, opts, aux, priority, grad_norms)``.
 
     Gradients are the mean over ``n_micro`` equal micro-batches (``lax.scan``); metrics are the mean
     over micro-batches; ``grad_norms`` are the global norms of each field's accumulated gradient
     (before clipping); ``scales[i]`` (or None) multiplies field ``i``'s optimizer update (the LR cut).
     Micro-batches are strided (``jaxppo.trainer.micro.micro_grads``: micro-batch ``j`` = rows ``j, j+n, ...``); the
     priority vector comes back in the minibatch's row order. With ``mesh`` every micro-batch is constrained to be
-    split over the batch axes.
+    split over the batch axes. ``key`` (adapter dropout): micro-batch ``j``'s loss gets ``fold_in(key, j)``.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def grads(params, batch, w, counts):
+    def grads(params, batch, w, counts, key):
         def one(p, *x):
             (_, aux), g = grad_fn(p, *x)
             return g, aux
 
-        g, (aux, prio) = micro_grads(one, params, (batch, w, counts), n_micro, mesh)
+        g, (aux, prio) = micro_grads(one, params, (batch, w, counts), n_micro, mesh, key=key)
         return g, jax.tree.map(jnp.mean, aux), (None if prio is None else strided_merge(prio))
 
-    def update(params, opts, scales, batch, w, counts):
-        g, aux, prio = grads(params, batch, w, counts)
+    def update(params, opts, scales, batch, w, counts, key=None):
+        g, aux, prio = grads(params, batch, w, counts, key)
         new_p, new_o, norms = [], [], []
         for p, o, gi, tx, sc in zip(params, opts, g, txs, scales):
             norms.append(optax.global_norm(gi))
@@ -299,26 +309,31 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     return update
 
 
-def run_epochs(update: Callable, epochs: int, params, opts, scales, batch, w, counts=None):
+def run_epochs(update: Callable, epochs: int, params, opts, scales, batch, w, counts=None, key=None):
     """``epochs`` consecutive ``update`` calls on the same minibatch (``lax.scan``, static count).
 
     Returns ``(params, opts, aux, priority, grad_norms, finite)``: metrics and gradient norms are
     means over the epochs, the priority is the one of the **last** epoch (the |δ| of the values
     before that epoch's update), ``finite`` is true when every epoch's loss and gradient norms were.
+    ``key`` (adapter dropout): epoch ``e`` updates with ``fold_in(key, e)``.
     """
     def ok(aux, norms):
         return jnp.all(jnp.isfinite(aux["_loss"])) & functools.reduce(
             jnp.logical_and, [jnp.all(jnp.isfinite(n)) for n in norms])
 
+    def epoch_key(e):
+        return () if key is None else (jax.random.fold_in(key, e),)
+
     if epochs == 1:
-        p, o, aux, prio, norms = update(params, opts, scales, batch, w, counts)
+        p, o, aux, prio, norms = update(params, opts, scales, batch, w, counts, *epoch_key(0))
         return p, o, aux, prio, norms, ok(aux, norms)
 
-    def body(carry, _):
-        p, o, aux, prio, norms = update(*carry, scales, batch, w, counts)
+    def body(carry, e):
+        p, o, aux, prio, norms = update(*carry, scales, batch, w, counts, *epoch_key(e))
         return (p, o), (aux, prio, norms)
 
-    (p, o), (aux, prio, norms) = jax.lax.scan(body, (params, opts), None, length=epochs)
+    xs = None if key is None else jnp.arange(epochs)
+    (p, o), (aux, prio, norms) = jax.lax.scan(body, (params, opts), xs, length=epochs)
     finite = ok(aux, norms)
     aux = jax.tree.map(jnp.mean, aux)
     return p, o, aux, (None if prio is None else prio[-1]), tuple(jnp.mean(n) for n in norms), finite
@@ -352,6 +367,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     txs = {"actor": actor_tx, "critic": critic_tx}
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
     kc = cfg.algorithm.kl_ctrl
+    drop_rate = float(cfg.model.lora.dropout) if int(cfg.model.lora.rank) > 0 else 0.0
 
     def step(state: TrainState, frozen=None):
         phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
@@ -375,11 +391,14 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         lrs = {"actor": actor_lr(state.step), "critic": critic_lr(state.step)}
 
         new_fields, metrics, finite, prio, loss = {}, {}, jnp.bool_(True), None, jnp.float32(0.0)
-        for ph, update in phases:
+        k_drop = jax.random.fold_in(key, DROPOUT_STREAM) if drop_rate > 0 else None   # item 7
+        for i, (ph, update) in enumerate(phases):
             params = tuple(getattr(state, f) for f in ph.fields)
             opts = tuple(set_learning_rate(getattr(state, opt_field[f]), lrs[f]) for f in ph.fields)
             scales = tuple(state.lr_scale if f == "actor" else None for f in ph.fields)
-            p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, scales, batch, w, counts)
+            ph_key = None if k_drop is None else jax.random.fold_in(k_drop, i)
+            p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, scales, batch, w, counts,
+                                                       ph_key)
             for f, pi, oi, n in zip(ph.fields, p, o, norms):
                 new_fields[f], new_fields[opt_field[f]] = pi, oi
                 metrics[_GRAD_NORM_KEYS[f]] = n

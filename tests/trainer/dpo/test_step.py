@@ -197,3 +197,45 @@ def test_batch_indices_bad_input():
         batch_indices(0, 0, 4, 0)
     with pytest.raises(ValueError, match="cursor"):
         batch_indices(0, -1, 4, 5)
+
+
+@pytest.mark.slow
+def test_lora_dropout_acts_in_the_dpo_update_only(stories_model, batch):
+    """Adapter dropout (p = 0.3) in the DPO step: the loss of step 1 is p = 0's (B = 0 at start) but the adapter
+    gradients read the dropped inputs, the same seed gives the same step, the log-probs outside the update are p = 0's
+    exactly, and p = 0 traces no random operation."""
+    from jaxppo.config.schema import OptimConfig
+    from jaxppo.hf import load_pretrained
+    from jaxppo.models.adapters import attach_lora, split_frozen
+    from jaxppo.models.lora import LoraSpec
+    from jaxppo.optim import make_optimizer
+    from tests.models.test_lora_dropout import count_random_ops
+
+    tx = make_optimizer(OptimConfig(lr=1e-2), 10)
+    hp = DPOHParams(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0, micro_batch_size=2)
+    runs = {}
+    for p in (0.0, 0.3):
+        gd, params, base = split_frozen(attach_lora(load_pretrained(stories_model), LoraSpec(rank=2, dropout=p)))
+        fn = make_dpo_step(gd, tx, optax.constant_schedule(1e-2), hp, base=base, lora_dropout=p, seed=3)
+        runs[p] = (gd, params, base, fn)
+
+    def two_steps(p):
+        gd, params, base, fn = runs[p]
+        s1, m1 = fn(_state(_copy(params), tx), batch)
+        s2, m2 = fn(s1, batch)
+        return [{k: float(v) for k, v in m.items()} for m in (m1, m2)], s2
+
+    (m0, _), (mp, sp) = two_steps(0.0), two_steps(0.3)
+    assert two_steps(0.3)[0] == mp                                  # deterministic
+    assert mp[0]["loss"] == pytest.approx(m0[0]["loss"], rel=1e-6)
+    assert abs(mp[0]["grad_norm"] - m0[0]["grad_norm"]) > 1e-3 * m0[0]["grad_norm"]
+    assert mp[1]["loss"] != pytest.approx(m0[1]["loss"], rel=1e-5)
+    # outside the update (no key): the p = 0.3 model's log-probs are the p = 0 model's for the same adapters
+    gd0, _, base0, _ = runs[0.0]
+    gdp, _, basep, _ = runs[0.3]
+    lp0 = jax.jit(lambda a: pair_loss(gd0, (a, base0), batch, hp)[1])(sp.actor)
+    lpp = jax.jit(lambda a: pair_loss(gdp, (a, basep), batch, hp)[1])(sp.actor)
+    assert {k: float(v) for k, v in lp0.items()} == {k: float(v) for k, v in lpp.items()}
+    gd, params, base, fn0 = runs[0.0]
+    assert count_random_ops(lambda s: fn0(s, batch), _state(params, tx)) == 0
+    assert count_random_ops(lambda s: runs[0.3][3](s, batch), _state(params, tx)) > 0

@@ -92,23 +92,24 @@ def test_lora_config_errors(make_cfg):
     with pytest.raises(ConfigError, match="model.lora.targets"):
         make_cfg("model.lora.rank=2", "model.lora.targets=[q,wq]")
     with pytest.raises(ConfigError, match="model.lora.dropout"):
-        make_cfg("model.lora.rank=2", "model.lora.dropout=0.1")
+        make_cfg("model.lora.dropout=0.1")                       # dropout without adapters
+    assert make_cfg("model.lora.rank=2", "model.lora.dropout=0.1").model.lora.dropout == 0.1
     with pytest.raises(ConfigError, match="model.lora.rank"):
         make_cfg("model.lora.rank=-1")
 
 
 @pytest.mark.slow
 def test_lora_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_data, compile_cache):
-    """The resume test of test_loop.py with adapters: the checkpoint holds adapters, optimizer and replay state
-    only (the base is re-read from model.path), and a SIGKILLed run resumed with resume=auto logs the same
-    metrics as an uninterrupted one."""
+    """The resume test of test_loop.py with adapters and adapter dropout: the checkpoint holds adapters, optimizer
+    and replay state only (the base is re-read from model.path), and a SIGKILLed run resumed with resume=auto logs
+    the same metrics as an uninterrupted one (the dropout masks derive from the state's rng and step)."""
     import os
     import signal
     import time
 
     from tests.trainer.ppo.test_loop import _cli, _deterministic, _rows
 
-    extra = ("data.eval_fraction=0", "model.lora.rank=4", "trainer.total_steps=8")
+    extra = ("data.eval_fraction=0", "model.lora.rank=4", "model.lora.dropout=0.1", "trainer.total_steps=8")
     full = _cli(tmp_path / "full", stories_model, scored_data, compile_cache, *extra)
     victim = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
     ckpt = tmp_path / "victim" / "checkpoints" / "4"
