@@ -51,3 +51,21 @@ def hh_pairs(shared_dir) -> Path:
     if not p.is_file():
         pytest.fail(f"HH-RLHF pairs not found at {p}")
     return p
+
+
+@pytest.fixture(scope="session", autouse=True)
+def subprocess_compile_cache(tmp_path_factory):
+    """One persistent XLA compilation cache under this session's pytest tmp folder, for every subprocess the tests
+    start (``JAX_COMPILATION_CACHE_DIR`` in the environment they inherit; a test that sets its own keeps it): the
+    same smoke model is compiled once for all of them instead of once per process (e.g. the 2-process SIGKILL test
+    reuses the 2-process fixture's programs). A fresh folder per session, so a clean clone behaves the same. The
+    pytest process keeps what it read when it imported jax. Caching starts at 0.5 s of compile time."""
+    saved = {k: os.environ.get(k) for k in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("subprocess_xla_cache"))
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    yield Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,27 @@ def wait(procs, timeout: float) -> list[ProcResult]:
 def run(cmd: list[str], n: int = 2, devices: int = 4, timeout: float = 300, **kw) -> list[ProcResult]:
     """Start ``cmd`` in ``n`` joined processes and wait for all of them (see :func:`start`, :func:`wait`)."""
     return wait(start(cmd, n=n, devices=devices, **kw), timeout)
+
+
+MESH = ("mesh.data=2", "mesh.fsdp=4")   # the mesh both sides of a 1-vs-2-process comparison train on
+
+
+def one_and_two(base: Path, module: str, command: list[str], overrides: Callable[[Path], list[str]],
+                env: dict | None = None, timeout_two: float = 1500, timeout_one: float = 600):
+    """``(base/"one", base/"two", results of the 2 processes)``: ``python -m <module> <overrides(one)>`` in 1 process
+    x 8 devices (``JAXPPO_DISTRIBUTED=0``, the baseline) and ``launch/multihost.py <command> <overrides(two)>`` in 2
+    processes x 4 devices, side by side, both with :data:`MESH` (logs under ``base/logs1``, ``base/logs2``). Fails
+    naming every process's output unless all exit 0. ``JAXPPO_MULTIHOST_TIMEOUT`` overrides ``timeout_two``."""
+    one, two = base / "one", base / "two"
+    env = env or {}
+    p1 = start([sys.executable, "-m", module, *overrides(one), *MESH], n=1, devices=8, logdir=base / "logs1",
+               env=dict(env, JAXPPO_DISTRIBUTED="0"))
+    p2 = start(python(str(REPO / "launch/multihost.py"), *command, *overrides(two), *MESH), n=2, devices=4,
+               logdir=base / "logs2", env=env)
+    r2 = wait(p2, timeout=float(os.environ.get("JAXPPO_MULTIHOST_TIMEOUT", timeout_two)))
+    r1 = wait(p1, timeout=timeout_one)
+    assert all(r.returncode == 0 for r in r1 + r2), "\n".join(x.describe() for x in r1 + r2)
+    return one, two, r2
 
 
 def python(*args: str) -> list[str]:

@@ -11,8 +11,10 @@ WORKER = str(procs.REPO / "tests" / "multihost" / "worker.py")
 
 
 def test_survivor_exits_within_60_s(tmp_path):
+    # heartbeat timeout 10 s (launch/multihost.py's default of 30 s is what test_dpo_two_processes.py's kill test
+    # runs under): the survivor must stop, naming task 1, well within the 60 s bound checked below
     res = procs.run(procs.python(WORKER, "one_dies", str(tmp_path)), n=2, devices=4, timeout=240,
-                    logdir=tmp_path / "logs")  # heartbeat timeout 30 s, launch/multihost.py's default
+                    logdir=tmp_path / "logs", env={"JAXPPO_HEARTBEAT_TIMEOUT_S": "10"})
     dead, survivor = res[1], res[0]
     assert dead.returncode == -9, dead.describe()
     assert "first collective ok: 28.0" in survivor.stdout, survivor.describe()

@@ -5,8 +5,6 @@ those of 1 process x 8 devices on the same (data=2, fsdp=4) mesh."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,8 @@ pytestmark = pytest.mark.slow
 
 REPO = procs.REPO
 KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/ppo_kl")
-STEPS = 10  # smoke refreshes its replay priorities every 10 steps: 1-10 run before the first refresh
+STEPS = 6  # smoke refreshes its replay priorities every 10 steps: all 6 run before the first refresh
+SAVE = 3   # checkpoints at steps 3 and 6; the SIGKILL test stops both processes once checkpoint 3 exists
 RTOL = 1e-4
 
 
@@ -40,25 +39,15 @@ def smoke_data(tmp_path_factory, stories_model) -> Path:
 def _overrides(stories_model, data, out) -> list[str]:
     return ["--config", str(REPO / "configs/smoke.yaml"), f"model.path={stories_model}", f"data.path={data}",
             "data.collect_if_missing=false", f"trainer.output_dir={out}", f"trainer.total_steps={STEPS}",
-            "trainer.save_every=5", "trainer.eval_every=null", "trainer.eval_prompts=8", "trainer.progress=false",
-            "mesh.data=2", "mesh.fsdp=4"]
+            f"trainer.save_every={SAVE}", "trainer.eval_every=null", "trainer.eval_prompts=8", "trainer.progress=false"]
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, stories_model, smoke_data):
     """(one, two): the output folders of 1 process x 8 devices and 2 processes x 4 devices (run together)."""
     base = tmp_path_factory.mktemp("mh_train")
-    one, two = base / "one", base / "two"
-    cache = {"JAXPPO_CACHE_DIR": str(base / "cache")}
-    p1 = procs.start([sys.executable, "-m", "jaxppo.train", *_overrides(stories_model, smoke_data, one)], n=1,
-                     devices=8, logdir=base / "logs1", env=dict(cache, JAXPPO_DISTRIBUTED="0"))
-    p2 = procs.start(procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, two)),
-                     n=2, devices=4, logdir=base / "logs2", env=cache)
-    r2 = procs.wait(p2, timeout=float(os.environ.get("JAXPPO_MULTIHOST_TIMEOUT", 1500)))
-    r1 = procs.wait(p1, timeout=600)
-    for r in r1 + r2:
-        assert r.returncode == 0, "\n".join(x.describe() for x in r1 + r2)
-    return one, two, r2
+    return procs.one_and_two(base, "jaxppo.train", [], lambda out: _overrides(stories_model, smoke_data, out),
+                             env={"JAXPPO_CACHE_DIR": str(base / "cache")})
 
 
 def test_two_processes_match_one(two_runs):
@@ -86,7 +75,7 @@ def test_only_process_zero_wrote(two_runs):
     assert len(list((two / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert {"summary.json", "config.json", "hf/config.json", "hf/model.safetensors"} <= set(names(two))
     steps = sorted(int(p.name) for p in (two / "checkpoints").iterdir() if p.name.isdigit())
-    assert steps[-1] == STEPS and 5 in steps
+    assert steps[-1] == STEPS and SAVE in steps
     assert "[process 1/2]" in res[1].stderr or "process 1/2" in res[1].stderr
 
 
@@ -103,7 +92,7 @@ def test_hf_export_same_logits(two_runs):
 
 
 def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data):
-    """Both processes SIGKILLed once checkpoint 5 exists; restarted (resume=auto): the same metrics as the
+    """Both processes SIGKILLed once checkpoint 3 exists; restarted (resume=auto): the same metrics as the
     uninterrupted 2-process run."""
     import signal
     import time
@@ -111,11 +100,11 @@ def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data)
     _, two, _ = two_runs
     out = tmp_path / "killed"
     env = {"JAXPPO_CACHE_DIR": str(tmp_path / "cache")}
-    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out))
+    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out), *procs.MESH)
     ps = procs.start(cmd, n=2, devices=4, logdir=tmp_path / "logs1", env=env)
     t0 = time.monotonic()
-    while not (out / "checkpoints" / "5").is_dir():
-        assert time.monotonic() - t0 < 1200 and all(p.poll() is None for p, _, _ in ps), "no checkpoint 5"
+    while not (out / "checkpoints" / str(SAVE)).is_dir():
+        assert time.monotonic() - t0 < 1200 and all(p.poll() is None for p, _, _ in ps), f"no checkpoint {SAVE}"
         time.sleep(0.5)
     time.sleep(2.0)
     for p, _, _ in ps:
@@ -130,4 +119,4 @@ def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data)
     for step in m_ref:
         for k in KEYS:
             assert m_res[step][k] == m_ref[step][k], (step, k)
-    assert json.loads((out / "summary.json").read_text())["resumed_from"] == 5
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == SAVE

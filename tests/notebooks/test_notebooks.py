@@ -39,6 +39,7 @@ def test_notebook_parameters_cell(name):
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1
     assert 'PROFILE = "full"' in params[0].source and "OUTPUT_ROOT = " in params[0].source
+    assert "JOBS = 1" in params[0].source
     assert any("conclusion" in c.metadata.get("tags", []) for c in nb.cells)
     assert "ci profile" in nb.cells[0].source and 'PROFILE = "full"' in nb.cells[0].source
 
@@ -97,8 +98,8 @@ def test_verdict_rule(diff, word):
 
 @pytest.mark.slow
 def test_notebooks_execute_ci_profile(tmp_path):
-    """Execute the four notebooks with PROFILE="ci" (toy sweeps) into tmp_path; each conclusion names every
-    non-baseline variant with numbers and a rule-chosen verdict."""
+    """Execute the four notebooks with PROFILE="ci" (toy sweeps, 2 runs at a time: JOBS=2) into tmp_path; each
+    conclusion names every non-baseline variant with numbers and a rule-chosen verdict."""
     import nbformat
     import papermill
 
@@ -106,7 +107,7 @@ def test_notebooks_execute_ci_profile(tmp_path):
     for name in NOTEBOOKS:
         out_nb = tmp_path / f"{name}.ipynb"
         papermill.execute_notebook(str(REPO / "notebooks" / f"{name}.ipynb"), str(out_nb),
-                                   parameters={"PROFILE": "ci", "OUTPUT_ROOT": str(out_root)}, cwd=str(REPO),
+                                   parameters={"PROFILE": "ci", "OUTPUT_ROOT": str(out_root), "JOBS": 2}, cwd=str(REPO),
                                    kernel_name="python3", progress_bar=False)
         nb = nbformat.read(out_nb, as_version=4)
         cell = next(c for c in nb.cells if "conclusion" in c.metadata.get("tags", []))

@@ -1,6 +1,6 @@
 """End to end on stories260K: a tiny sweep (2 variants x 2 seeds, 4 steps) SIGKILLed during a run (the whole
 process group, runs included) and rerun writes the same results.csv (minus wall time) as an uninterrupted
-sweep; the killed run resumes from its checkpoint and the finished one is skipped."""
+sweep (run side by side with it); the killed run resumes from its checkpoint and the finished one is skipped."""
 
 from __future__ import annotations
 
@@ -52,26 +52,30 @@ def _table(out: Path) -> list[dict]:
 
 def test_killed_sweep_rerun_finishes_the_same_table(tmp_path, stories_model, scored_data, sweep_cache):
     f = _sweep_file(tmp_path, stories_model, scored_data)
-    full = _sweep(f, tmp_path / "full", sweep_cache)
-    out_full = full.communicate(timeout=600)[0]
-    assert full.returncode == 0, out_full[-3000:]
-
+    full = _sweep(f, tmp_path / "full", sweep_cache)   # uninterrupted, side by side with the victim and its rerun
     victim_out = tmp_path / "victim"
-    victim = _sweep(f, victim_out, sweep_cache)
     second = victim_out / "runs" / "per_a06" / "seed1"
-    deadline = time.time() + 300
-    while not (second / "checkpoints" / "2").is_dir() and victim.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert victim.poll() is None, "the sweep ended before its second run checkpointed:\n" + victim.communicate()[0]
-    os.killpg(victim.pid, signal.SIGKILL)  # the sweep and its running run
-    victim.wait()
-    assert (victim_out / "runs" / "per_a06" / "seed0" / "summary.json").is_file()
-    assert not (second / "summary.json").exists()
-    assert not (victim_out / "results.csv").exists()
+    try:
+        victim = _sweep(f, victim_out, sweep_cache)
+        deadline = time.time() + 300
+        while not (second / "checkpoints" / "2").is_dir() and victim.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert victim.poll() is None, "the sweep ended before its second run checkpointed:\n" + victim.communicate()[0]
+        os.killpg(victim.pid, signal.SIGKILL)  # the sweep and its running run
+        victim.wait()
+        assert (victim_out / "runs" / "per_a06" / "seed0" / "summary.json").is_file()
+        assert not (second / "summary.json").exists()
+        assert not (victim_out / "results.csv").exists()
 
-    rerun = _sweep(f, victim_out, sweep_cache)
-    out_rerun = rerun.communicate(timeout=600)[0]
-    assert rerun.returncode == 0, out_rerun[-3000:]
+        rerun = _sweep(f, victim_out, sweep_cache)
+        out_rerun = rerun.communicate(timeout=600)[0]
+        assert rerun.returncode == 0, out_rerun[-3000:]
+        out_full = full.communicate(timeout=600)[0]
+        assert full.returncode == 0, out_full[-3000:]
+    finally:
+        if full.poll() is None:
+            os.killpg(full.pid, signal.SIGKILL)
+            full.wait()
     # seed-major order: per_a06/seed0 and per_a10/seed0 finished before per_a06/seed1 started
     assert "4 runs, 2 done, 2 to run" in out_rerun
     assert "start per_a06/seed0" not in out_rerun and "start per_a10/seed0" not in out_rerun  # skipped

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,16 +14,14 @@ import jax
 import numpy as np
 import pytest
 
+from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
+from tests.resume_helpers import rows as _rows
 from tests.trainer.dpo.conftest import REPO, dpo_overrides
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 TRL_KEYS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
             "logps/rejected", "grad_norm", "learning_rate")
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -184,29 +181,16 @@ def test_resume_from_the_step0_checkpoint(tmp_path, stories_model, hh_pairs):
 def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, hh_pairs, dpo_compile_cache):
     extra = ("trainer.eval_every=4",)
     cache = tmp_path / "cache"
-    full = _cli(tmp_path / "full", stories_model, hh_pairs, cache, dpo_compile_cache, *extra)
-    victim = _cli(tmp_path / "victim", stories_model, hh_pairs, cache, dpo_compile_cache, *extra)
-    ckpt = tmp_path / "victim" / "checkpoints" / "4"
-    deadline = time.time() + 300
-    while not ckpt.is_dir() and victim.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert victim.poll() is None, "the run ended before its checkpoint:\n" + victim.communicate()[0][-3000:]
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
-    assert len(_rows(tmp_path / "victim" / "metrics.jsonl")) < 12
-    resumed = _cli(tmp_path / "victim", stories_model, hh_pairs, cache, dpo_compile_cache, *extra)
-    out_r, out_f = resumed.communicate(timeout=400)[0], full.communicate(timeout=400)[0]
-    assert resumed.returncode == 0, out_r[-3000:]
-    assert full.returncode == 0, out_f[-3000:]
-    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("perf/")}  # noqa: E731
-    a = [strip(r) for r in _rows(tmp_path / "full" / "metrics.jsonl")]
-    b = [strip(r) for r in _rows(tmp_path / "victim" / "metrics.jsonl")]
+    res = kill_at_checkpoint_then_resume(
+        lambda out: _cli(out, stories_model, hh_pairs, cache, dpo_compile_cache, *extra), tmp_path, 4)
+    assert len(res.rows_at_kill) < 12
+    a, b = deterministic_rows(res.full), deterministic_rows(res.victim)
     assert [r["step"] for r in b] == list(range(0, 13))
     assert a == b
-    sb = json.loads((tmp_path / "victim" / "summary.json").read_text())
+    sb = json.loads((res.victim / "summary.json").read_text())
     assert sb["resumed_from"] >= 4
     # the update-step clock continues from the checkpoint's value: it never restarts at 0 and never decreases
-    clock = [r["perf/train_time_s"] for r in _rows(tmp_path / "victim" / "metrics.jsonl") if r["step"] > 0]
+    clock = [r["perf/train_time_s"] for r in _rows(res.victim / "metrics.jsonl") if r["step"] > 0]
     assert all(x < y for x, y in zip(clock, clock[1:])), clock
 
 

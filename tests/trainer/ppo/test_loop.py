@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -15,17 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
+from tests.resume_helpers import rows as _rows
 from tests.trainer.conftest import REPO, overrides_for_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _deterministic(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("perf/")}
 
 
 def _cli(out: Path, stories_model, scored_data, cache: Path, *extra: str) -> subprocess.Popen:
@@ -37,30 +29,17 @@ def _cli(out: Path, stories_model, scored_data, cache: Path, *extra: str) -> sub
 
 def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_data, compile_cache):
     extra = ("data.eval_fraction=0",)  # no held-out evaluation: only the training steps matter here
-    full = _cli(tmp_path / "full", stories_model, scored_data, compile_cache, *extra)
-    victim = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
-    ckpt = tmp_path / "victim" / "checkpoints" / "4"
-    deadline = time.time() + 240
-    while not ckpt.is_dir() and victim.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert victim.poll() is None, "the run ended before its first checkpoint:\n" + victim.communicate()[0][-3000:]
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
-    killed_rows = _rows(tmp_path / "victim" / "metrics.jsonl")
-    resumed = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
-    out_r, out_f = resumed.communicate(timeout=300)[0], full.communicate(timeout=300)[0]
-    assert resumed.returncode == 0, out_r[-3000:]
-    assert full.returncode == 0, out_f[-3000:]
-    a = [_deterministic(r) for r in _rows(tmp_path / "full" / "metrics.jsonl")]
-    b = [_deterministic(r) for r in _rows(tmp_path / "victim" / "metrics.jsonl")]
+    res = kill_at_checkpoint_then_resume(lambda out: _cli(out, stories_model, scored_data, compile_cache, *extra),
+                                         tmp_path, 4, wait_s=240, finish_s=300)
+    a, b = deterministic_rows(res.full), deterministic_rows(res.victim)
     assert [r["step"] for r in a] == list(range(1, 21))
     assert [r["step"] for r in b] == list(range(1, 21))
     for ra, rb in zip(a, b):
         assert ra == rb, f"step {ra['step']} differs after resume"
-    sa = json.loads((tmp_path / "full" / "summary.json").read_text())
-    sb = json.loads((tmp_path / "victim" / "summary.json").read_text())
+    sa = json.loads((res.full / "summary.json").read_text())
+    sb = json.loads((res.victim / "summary.json").read_text())
     assert sb["resumed_from"] >= 4 and sa["resumed_from"] == 0
-    assert len(killed_rows) >= 4
+    assert len(res.rows_at_kill) >= 4
 
 
 def test_nan_updates_skipped_counted_and_rolled_back(make_cfg, tmp_path):

@@ -103,34 +103,19 @@ def test_lora_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scor
     """The resume test of test_loop.py with adapters and adapter dropout: the checkpoint holds adapters, optimizer
     and replay state only (the base is re-read from model.path), and a SIGKILLed run resumed with resume=auto logs
     the same metrics as an uninterrupted one (the dropout masks derive from the state's rng and step)."""
-    import os
-    import signal
-    import time
-
-    from tests.trainer.ppo.test_loop import _cli, _deterministic, _rows
+    from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
+    from tests.trainer.ppo.test_loop import _cli
 
     extra = ("data.eval_fraction=0", "model.lora.rank=4", "model.lora.dropout=0.1", "trainer.total_steps=8")
-    full = _cli(tmp_path / "full", stories_model, scored_data, compile_cache, *extra)
-    victim = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
-    ckpt = tmp_path / "victim" / "checkpoints" / "4"
-    deadline = time.time() + 240
-    while not ckpt.is_dir() and victim.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert victim.poll() is None, "the run ended before its first checkpoint:\n" + victim.communicate()[0][-3000:]
-    os.kill(victim.pid, signal.SIGKILL)
-    victim.wait()
-    resumed = _cli(tmp_path / "victim", stories_model, scored_data, compile_cache, *extra)
-    out_r, out_f = resumed.communicate(timeout=300)[0], full.communicate(timeout=300)[0]
-    assert resumed.returncode == 0, out_r[-3000:]
-    assert full.returncode == 0, out_f[-3000:]
-    a = [_deterministic(r) for r in _rows(tmp_path / "full" / "metrics.jsonl")]
-    b = [_deterministic(r) for r in _rows(tmp_path / "victim" / "metrics.jsonl")]
+    res = kill_at_checkpoint_then_resume(lambda out: _cli(out, stories_model, scored_data, compile_cache, *extra),
+                                         tmp_path, 4, wait_s=240, finish_s=300)
+    a, b = deterministic_rows(res.full), deterministic_rows(res.victim)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 9))
     for ra, rb in zip(a, b):
         assert ra == rb, f"step {ra['step']} differs after resume"
-    assert json.loads((tmp_path / "victim" / "summary.json").read_text())["resumed_from"] >= 4
+    assert json.loads((res.victim / "summary.json").read_text())["resumed_from"] >= 4
     # no base weights in the checkpoint: far smaller than the 260K-parameter model's float32 weights x 3
-    size = sum(f.stat().st_size for f in (tmp_path / "full" / "checkpoints" / "8").rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in (res.full / "checkpoints" / "8").rglob("*") if f.is_file())
     assert size < 260_032 * 4 * 3, size
 
 
