@@ -69,3 +69,19 @@ def subprocess_compile_cache(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+    """After each test module: drop JAX's in-memory caches of traced and compiled programs (jax.clear_caches) and
+    collect garbage, so the pytest process does not carry every module's executables to the end of the suite (the
+    full suite aborted twice at the same late test while serializing an executable to the persistent cache, a test
+    that passes alone: memory growth is the suspect). Programs a later module needs again come back from the
+    persistent compilation cache."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
