@@ -145,7 +145,7 @@ class DecoderLayers(nnx.Module):
         multiplied by the scale alpha/r (``jaxppo.models.lora``)."""
         cast = (lambda a: a) if dtype is None else (lambda a: _cast_float(a, dtype))
         spec = self.config.lora
-        out = {n: cast(_frozen(getattr(self, n)[...], spec)) for n in self.base_names()}
+        out = {n: _cast_param(n, _frozen(getattr(self, n)[...], spec), dtype) for n in self.base_names()}
         if spec is not None:
             for t in spec.targets:
                 out[f"{t}_lora_a"] = cast(getattr(self, f"{t}_lora_a")[...])
@@ -179,7 +179,7 @@ class DecoderLayers(nnx.Module):
 
         def body(carry, xs):
             pl, li = xs[:2]
-            pl = {k: _cast_float(a, x.dtype) for k, a in pl.items()}  # one layer at a time (no-op unrolled)
+            pl = {k: _cast_param(k, a, x.dtype) for k, a in pl.items()}  # one layer at a time (no-op unrolled)
             if cache is None:
                 y, _ = _layer(cfg, pl, carry, cos, sin, allowed, drop_key=None if keys is None else xs[2])
                 return constrain_batch(y, mesh), None
@@ -367,6 +367,15 @@ def continuation_logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids
 def _cast_float(a: jax.Array, dtype) -> jax.Array:
     """``a`` in ``dtype`` if it is floating; integer codes of a quantized base stay as they are."""
     return a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+
+def _cast_param(name: str, a: jax.Array, dtype) -> jax.Array:
+    """A layer parameter for compute in ``dtype`` (None: as stored): floating weights cast, but a quantized base's
+    integer codes and its float32 scales / block maxima (``<name>_scale``, ``<name>_absmax``) kept, so the weight
+    is dequantized in float32 and rounded to ``dtype`` once (``layers.weight``), not from bf16-rounded scales."""
+    if dtype is None or name.endswith(QUANT_SUFFIXES):
+        return a
+    return _cast_float(a, dtype)
 
 
 def _frozen(a: jax.Array, spec) -> jax.Array:

@@ -234,3 +234,25 @@ def test_stacked_quantization_is_per_layer_and_equals_the_whole_stack(fmt):
         packed, absmax = quantize_nf4_last(w)
         np.testing.assert_array_equal(np.asarray(got["up"].get_value()), np.asarray(packed))
         np.testing.assert_array_equal(np.asarray(got["up_absmax"].get_value()), np.asarray(absmax))
+
+
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("fmt", ["int8", "nf4"])
+def test_quantized_base_under_bfloat16_compute_uses_float32_scales(fmt, scan):
+    """With ``compute_dtype=bfloat16`` a quantized base is dequantized from its float32 scales / block maxima and
+    rounded to bf16 once: the logits equal those of the same bf16-compute model whose base holds the float32
+    dequantized weights (the scales are never rounded to bf16 first, which moved the weights by up to 1 bf16 ulp)."""
+    from jaxppo.models.layers import weight
+
+    kw = dict(hidden_size=64, num_attention_heads=1, num_key_value_heads=1, intermediate_size=128,
+              initializer_range=0.1, compute_dtype="bfloat16", scan_layers=scan)
+    lm = attach_lora(tiny_lm("llama", **kw), LoraSpec(rank=2, quantize_base=fmt), seed=0)
+    layers = lm.model.layers
+    params = layers.param_dict(jnp.bfloat16)
+    assert all(params[t + sfx].dtype == jnp.float32 for t in TARGETS for sfx in ("_scale", "_absmax")
+               if t + sfx in params)
+    raw = {n: getattr(layers, n).get_value() for n in layers.base_names()}
+    plain = attach_lora(tiny_lm("llama", **kw), LoraSpec(rank=2), seed=0)
+    for t in TARGETS:   # the float32 dequantized weights, stored as float32 parameters of an unquantized base
+        getattr(plain.model.layers, t).set_value(weight(raw, t, jnp.float32))
+    np.testing.assert_array_equal(np.asarray(lm(IDS, MASK)), np.asarray(plain(IDS, MASK)))
