@@ -12,13 +12,22 @@ schedule is a linear warmup from 0 to ``lr`` over ``warmup_steps`` then ``consta
     cosine: lr(t) = end + (lr − end) · ½ (1 + cos(π (t − warmup) / (total − warmup)))   (end = min_lr_ratio · lr)
 
 ``state.step`` counts every step call, NaN-skipped ones included, so a skipped step uses up one schedule step.
-The guards' LR cut multiplies the actor's update by ``lr_scale`` (exactly a learning-rate change for adamw,
-whose update is ``-lr·(adam + wd·θ)``: the weight decay scales with the injected LR exactly as with a schedule).
+The guards' LR cut ``lr_scale`` multiplies the injected learning rate (adamw's update is ``-lr·(adam + wd·θ)``:
+the weight decay scales with it exactly as with a schedule).
+
+Low-precision parameters (``model.param_dtype: bfloat16``) get a float32 master copy (:func:`with_master_weights`,
+applied by :func:`make_optimizer` when ``params`` has a 16-bit floating leaf): the optimizer keeps
+``θ32`` in its state, runs clipping and AdamW in float32 on it, and returns the update that makes the stored
+parameter ``θ16 = round16(θ32)``, so updates smaller than half a bf16 ulp of a weight accumulate instead of
+being lost::
+
+    θ32' = θ32 + adamw(clip(g32))          u = round16(θ32') − θ16   (in float32)
+    apply_updates(θ16, u) = round16(θ16 + u) = round16(θ32')
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,17 +51,53 @@ def lr_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
 
 
-def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(optim_cfg, total_steps: int, params=None) -> optax.GradientTransformation:
     """``clip_by_global_norm → adamw`` whose ``learning_rate`` lives in the optimizer state (initialised to
     ``lr_schedule(0)``; the train step sets it per step with :func:`set_learning_rate`). ``total_steps`` is
-    only used for that initial value."""
+    only used for that initial value. ``params`` (arrays or ``ShapeDtypeStruct``s): when any floating leaf is
+    16-bit, the chain runs on a float32 master copy (:func:`with_master_weights`)."""
     b1, b2 = optim_cfg.betas
     adamw = optax.inject_hyperparams(optax.adamw, static_args=("b1", "b2", "eps", "eps_root", "weight_decay",
                                                                "mu_dtype", "mask", "nesterov"))
     lr0 = float(lr_schedule(optim_cfg, total_steps)(0))
-    return optax.chain(optax.clip_by_global_norm(float(optim_cfg.grad_clip)),
-                       adamw(learning_rate=lr0, b1=float(b1), b2=float(b2), eps=float(optim_cfg.eps),
-                             weight_decay=float(optim_cfg.weight_decay)))
+    tx = optax.chain(optax.clip_by_global_norm(float(optim_cfg.grad_clip)),
+                     adamw(learning_rate=lr0, b1=float(b1), b2=float(b2), eps=float(optim_cfg.eps),
+                           weight_decay=float(optim_cfg.weight_decay)))
+    return with_master_weights(tx) if params is not None and has_low_precision(params) else tx
+
+
+def has_low_precision(params) -> bool:
+    """Whether any floating leaf of ``params`` is narrower than float32 (bfloat16 / float16)."""
+    return any(jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4
+               for x in jax.tree.leaves(params))
+
+
+class MasterState(NamedTuple):
+    """State of :func:`with_master_weights`: the float32 parameters and the wrapped optimizer's state."""
+    master: Any
+    inner: Any
+
+
+def with_master_weights(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` run on a float32 copy of the parameters (see the module docstring): ``init`` copies ``params`` to
+    float32 (exactly); ``update(g, state, params)`` casts ``g`` to float32, applies ``inner``'s update to the master
+    and returns, in float32, ``round(master', params.dtype) − params``, so ``optax.apply_updates`` (which adds in
+    float32 and rounds to the parameter's dtype) stores exactly the rounded master."""
+    f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)  # noqa: E731
+
+    def init(params):
+        master = f32(params)
+        return MasterState(master, inner.init(master))
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("with_master_weights: update needs the current params")
+        u, inner_state = inner.update(f32(updates), state.inner, state.master)
+        master = optax.apply_updates(state.master, u)
+        out = jax.tree.map(lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32), master, params)
+        return out, MasterState(master, inner_state)
+
+    return optax.GradientTransformation(init, update)
 
 
 _INJECTED = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)

@@ -75,12 +75,12 @@ def reward_optim(reward_cfg: Any, total_steps: int) -> Any:
                        schedule=reward_cfg.schedule, min_lr_ratio=0.0, grad_clip=reward_cfg.grad_clip)
 
 
-def make_optimizer(reward_cfg: Any, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(reward_cfg: Any, total_steps: int, params=None) -> optax.GradientTransformation:
     """``jaxppo.optim.make_optimizer`` of :func:`reward_optim` (its learning rate is set per step by the
-    train step of :func:`make_train_step`)."""
+    train step of :func:`make_train_step`; 16-bit ``params``: a float32 master copy)."""
     from jaxppo.optim import make_optimizer as shared_optimizer
 
-    return shared_optimizer(reward_optim(reward_cfg, total_steps), total_steps)
+    return shared_optimizer(reward_optim(reward_cfg, total_steps), total_steps, params)
 
 
 def make_train_step(graphdef: Any, tx: optax.GradientTransformation, schedule: optax.Schedule):
@@ -193,7 +193,7 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     from jaxppo.optim import lr_schedule
 
     total_steps = steps_per_epoch * cfg.reward.epochs
-    tx = make_optimizer(cfg.reward, total_steps)
+    tx = make_optimizer(cfg.reward, total_steps, params)   # 16-bit parameters: a float32 master copy
     opt_state = tx.init(params)
     step = make_train_step(graphdef, tx, lr_schedule(reward_optim(cfg.reward, total_steps), total_steps))
     ev_bs = cfg.reward.eval_batch_size

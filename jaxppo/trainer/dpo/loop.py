@@ -212,7 +212,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         graphdef, params, base = split_frozen(model)
         ref_params = reference_adapters(params)   # adapters off: the base itself, no copy
     total = cfg.trainer.total_steps
-    tx = make_optimizer(cfg.actor.optim, total)
+    tx = make_optimizer(cfg.actor.optim, total, params)   # 16-bit parameters: a float32 master copy
     rep = NamedSharding(mesh, PartitionSpec())
     scalar = lambda v, dt: from_host(np.asarray(v, dt), rep)  # noqa: E731
     state = DPOState(step=scalar(0, jnp.int32), actor=params, actor_opt=init_optimizer(tx, params, mesh),

@@ -16,7 +16,7 @@ Order of pairs: shuffled epochs. Pair ``c`` of the stream (``c = 0, 1, ...``; th
 next one) is ``perm_e[c mod N]`` with ``e = c div N`` and ``perm_e = jax.random.permutation(fold_in(PRNGKey(seed),
 e), N)``: a function of (seed, cursor) only, so a resumed run draws the same batches.
 
-Step: the learning rate is ``lr_schedule(state.step)`` (as the PPO trainer), the update ``lr_scale ×`` AdamW's;
+Step: the learning rate is ``lr_scale × lr_schedule(state.step)`` (as the PPO trainer; ``lr_scale`` = the guards' cut);
 a non-finite loss or gradient skips the update in-graph (parameters and optimizer state kept) and counts it in
 ``nan_total``/``nan_streak`` (metric ``train/nan_skipped``).
 
@@ -161,7 +161,7 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
 
     def step(state: DPOState, batch: dict[str, jax.Array], frozen=None):
         lr = schedule(state.step)
-        opt = set_learning_rate(state.actor_opt, lr)
+        opt = set_learning_rate(state.actor_opt, lr * state.lr_scale)   # the guards' LR cut
         key = None
         if lora_dropout > 0:
             key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), state.step), DROPOUT_STREAM)
@@ -169,7 +169,6 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
         finite = jnp.isfinite(metrics["loss"]) & _tree_finite(grads)
         safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
         updates, new_opt = tx.update(safe_grads, opt, state.actor)
-        updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
         new_params = optax.apply_updates(state.actor, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         skipped = (~finite).astype(jnp.int32)

@@ -224,8 +224,8 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
     abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves((actor_params, critic_params)))
     rep = NamedSharding(mesh, PartitionSpec())
     total = cfg.trainer.total_steps
-    actor_tx = make_optimizer(cfg.actor.optim, total)
-    critic_tx = None if critic_params is None else make_optimizer(cfg.critic.optim, total)
+    actor_tx = make_optimizer(cfg.actor.optim, total, actor_params)   # 16-bit parameters: a float32 master copy
+    critic_tx = None if critic_params is None else make_optimizer(cfg.critic.optim, total, critic_params)
 
     def scalar(fn):
         if abstract:

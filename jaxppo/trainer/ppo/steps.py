@@ -275,11 +275,11 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
 
 def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     """One optimizer update of ``loss_fn`` on a minibatch:
-    ``(params, opts, scales, batch, w, counts, key=None) -> (params, opts, aux, priority, grad_norms)``.
+    ``(params, opts, batch, w, counts, key=None) -> (params, opts, aux, priority, grad_norms)``.
 
     Gradients are the mean over ``n_micro`` equal micro-batches (``lax.scan``); metrics are the mean
     over micro-batches; ``grad_norms`` are the global norms of each field's accumulated gradient
-    (before clipping); ``scales[i]`` (or None) multiplies field ``i``'s optimizer update (the LR cut).
+    (before clipping). The guards' LR cut is in each optimizer's injected learning rate (``set_learning_rate``).
     Micro-batches are strided (``jaxppo.trainer.micro.micro_grads``: micro-batch ``j`` = rows ``j, j+n, ...``); the
     priority vector comes back in the minibatch's row order. With ``mesh`` every micro-batch is constrained to be
     split over the batch axes. ``key`` (adapter dropout): micro-batch ``j``'s loss gets ``fold_in(key, j)``.
@@ -294,14 +294,12 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
         g, (aux, prio) = micro_grads(one, params, (batch, w, counts), n_micro, mesh, key=key)
         return g, jax.tree.map(jnp.mean, aux), (None if prio is None else strided_merge(prio))
 
-    def update(params, opts, scales, batch, w, counts, key=None):
+    def update(params, opts, batch, w, counts, key=None):
         g, aux, prio = grads(params, batch, w, counts, key)
         new_p, new_o, norms = [], [], []
-        for p, o, gi, tx, sc in zip(params, opts, g, txs, scales):
+        for p, o, gi, tx in zip(params, opts, g, txs):
             norms.append(optax.global_norm(gi))
             u, o = tx.update(gi, o, p)
-            if sc is not None:
-                u = jax.tree.map(lambda x: x * sc.astype(x.dtype), u)  # noqa: B023 (used in this iteration)
             new_p.append(optax.apply_updates(p, u))
             new_o.append(o)
         return tuple(new_p), tuple(new_o), aux, prio, tuple(norms)
@@ -309,7 +307,7 @@ def make_update(loss_fn: Callable, txs: tuple, n_micro: int, *, mesh=None):
     return update
 
 
-def run_epochs(update: Callable, epochs: int, params, opts, scales, batch, w, counts=None, key=None):
+def run_epochs(update: Callable, epochs: int, params, opts, batch, w, counts=None, key=None):
     """``epochs`` consecutive ``update`` calls on the same minibatch (``lax.scan``, static count).
 
     Returns ``(params, opts, aux, priority, grad_norms, finite)``: metrics and gradient norms are
@@ -325,11 +323,11 @@ def run_epochs(update: Callable, epochs: int, params, opts, scales, batch, w, co
         return () if key is None else (jax.random.fold_in(key, e),)
 
     if epochs == 1:
-        p, o, aux, prio, norms = update(params, opts, scales, batch, w, counts, *epoch_key(0))
+        p, o, aux, prio, norms = update(params, opts, batch, w, counts, *epoch_key(0))
         return p, o, aux, prio, norms, ok(aux, norms)
 
     def body(carry, e):
-        p, o, aux, prio, norms = update(*carry, scales, batch, w, counts, *epoch_key(e))
+        p, o, aux, prio, norms = update(*carry, batch, w, counts, *epoch_key(e))
         return (p, o), (aux, prio, norms)
 
     xs = None if key is None else jnp.arange(epochs)
@@ -389,16 +387,15 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
                                                                              pf.weight_pow))
             counts = jnp.zeros((B,), jnp.float32).at[sel].add(1.0)
         lrs = {"actor": actor_lr(state.step), "critic": critic_lr(state.step)}
+        applied = {"actor": lrs["actor"] * state.lr_scale, "critic": lrs["critic"]}   # the guards' LR cut
 
         new_fields, metrics, finite, prio, loss = {}, {}, jnp.bool_(True), None, jnp.float32(0.0)
         k_drop = jax.random.fold_in(key, DROPOUT_STREAM) if drop_rate > 0 else None   # item 7
         for i, (ph, update) in enumerate(phases):
             params = tuple(getattr(state, f) for f in ph.fields)
-            opts = tuple(set_learning_rate(getattr(state, opt_field[f]), lrs[f]) for f in ph.fields)
-            scales = tuple(state.lr_scale if f == "actor" else None for f in ph.fields)
+            opts = tuple(set_learning_rate(getattr(state, opt_field[f]), applied[f]) for f in ph.fields)
             ph_key = None if k_drop is None else jax.random.fold_in(k_drop, i)
-            p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, scales, batch, w, counts,
-                                                       ph_key)
+            p, o, aux, ph_prio, norms, ok = run_epochs(update, ph.epochs, params, opts, batch, w, counts, ph_key)
             for f, pi, oi, n in zip(ph.fields, p, o, norms):
                 new_fields[f], new_fields[opt_field[f]] = pi, oi
                 metrics[_GRAD_NORM_KEYS[f]] = n
@@ -430,7 +427,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         )
         rm = replay_lib.metrics(new.replay)
         metrics.update({
-            "actor/lr": lrs["actor"] * state.lr_scale,
+            "actor/lr": applied["actor"],
             "actor/kl_coef": jnp.float32(hp.actor.kl_loss_coef if hp.actor.use_kl_loss else 0.0),
             "algorithm/kl_coef": new.kl_coef,
             "replay/priority_mean": rm["priority_mean"], "replay/priority_max": rm["priority_max"],
