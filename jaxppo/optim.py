@@ -68,33 +68,47 @@ def make_optimizer(optim_cfg, total_steps: int, params=None) -> optax.GradientTr
 
 def has_low_precision(params) -> bool:
     """Whether any floating leaf of ``params`` is narrower than float32 (bfloat16 / float16)."""
-    return any(jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4
-               for x in jax.tree.leaves(params))
+    return any(_low(x) for x in jax.tree.leaves(params))
+
+
+def _low(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4
 
 
 class MasterState(NamedTuple):
-    """State of :func:`with_master_weights`: the float32 parameters and the wrapped optimizer's state."""
+    """State of :func:`with_master_weights`: the float32 copies of the 16-bit parameters (an empty float32 array in
+    place of each parameter that is already float32 or wider) and the wrapped optimizer's state."""
     master: Any
     inner: Any
 
 
 def with_master_weights(inner: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``inner`` run on a float32 copy of the parameters (see the module docstring): ``init`` copies ``params`` to
-    float32 (exactly); ``update(g, state, params)`` casts ``g`` to float32, applies ``inner``'s update to the master
-    and returns, in float32, ``round(master', params.dtype) − params``, so ``optax.apply_updates`` (which adds in
-    float32 and rounds to the parameter's dtype) stores exactly the rounded master."""
-    f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)  # noqa: E731
+    """``inner`` run on float32 copies of the 16-bit parameters (see the module docstring).
+
+    ``init`` copies each 16-bit leaf to float32 (exactly); wider leaves get no copy. ``update(g, state, params)``
+    runs ``inner`` on the float32 view (master where a copy exists, the parameter otherwise) with ``g`` cast to
+    float32, moves the masters, and returns for a 16-bit leaf ``round(master', dtype) − param`` in float32, so
+    ``optax.apply_updates`` (which adds in float32 and rounds to the parameter's dtype) stores exactly the rounded
+    master; a float32 leaf gets ``inner``'s update unchanged (bit-identical to running ``inner`` alone)."""
+    f32 = jnp.float32
+
+    def view(params, master):
+        return jax.tree.map(lambda p, m: m if _low(p) else p, params, master)
 
     def init(params):
-        master = f32(params)
-        return MasterState(master, inner.init(master))
+        master = jax.tree.map(lambda p: p.astype(f32) if _low(p) else jnp.zeros((0,), f32), params)
+        return MasterState(master, inner.init(view(params, master)))
 
     def update(updates, state, params=None):
         if params is None:
             raise ValueError("with_master_weights: update needs the current params")
-        u, inner_state = inner.update(f32(updates), state.inner, state.master)
-        master = optax.apply_updates(state.master, u)
-        out = jax.tree.map(lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32), master, params)
+        v = view(params, state.master)
+        g = jax.tree.map(lambda x: x.astype(f32) if _low(x) else x, updates)
+        u, inner_state = inner.update(g, state.inner, v)
+        moved = optax.apply_updates(v, u)
+        master = jax.tree.map(lambda p, new, m: new if _low(p) else m, params, moved, state.master)
+        out = jax.tree.map(lambda p, new, ui: new.astype(p.dtype).astype(f32) - p.astype(f32) if _low(p) else ui,
+                           params, moved, u)
         return out, MasterState(master, inner_state)
 
     return optax.GradientTransformation(init, update)

@@ -95,3 +95,25 @@ def test_update_without_params_is_an_error():
     tx = with_master_weights(optax.sgd(0.1))
     with pytest.raises(ValueError, match="needs the current params"):
         tx.update(_params(BF16), tx.init(_params(BF16)))
+
+
+def test_float32_leaves_get_no_copy_and_the_inner_update_unchanged():
+    """A tree mixing bf16 and float32 leaves (a bf16 value head beside float32 adapters): only the bf16 leaf has a
+    master copy; the float32 leaf's update is bit-identical to the unwrapped optimizer's (the global-norm clip sees the
+    same gradients: the bf16 one cast to float32 exactly)."""
+    cfg = OptimConfig(lr=1e-2, grad_clip=0.5)
+    params = {"head": jnp.full((3,), 0.5, BF16), "lora": jnp.linspace(-1.0, 1.0, 5, dtype=jnp.float32)}
+    grads = {"head": jnp.array([1.0, -2.0, 3.0], BF16), "lora": jnp.arange(5, dtype=jnp.float32)}
+    tx = make_optimizer(cfg, 10, params)
+    s = tx.init(params)
+    assert s.master["head"].dtype == jnp.float32 and s.master["lora"].shape == (0,)
+    u, s = tx.update(grads, s, params)
+    plain = make_optimizer(cfg, 10)
+    g32 = {"head": grads["head"].astype(jnp.float32), "lora": grads["lora"]}
+    p32 = {"head": params["head"].astype(jnp.float32), "lora": params["lora"]}
+    u_ref, _ = plain.update(g32, plain.init(p32), p32)
+    np.testing.assert_array_equal(np.asarray(u["lora"]), np.asarray(u_ref["lora"]))
+    np.testing.assert_array_equal(np.asarray(s.master["head"]), np.asarray(p32["head"] + u_ref["head"]))
+    new = optax.apply_updates(params, u)
+    assert new["head"].dtype == BF16
+    np.testing.assert_array_equal(np.asarray(new["head"]), np.asarray(s.master["head"].astype(BF16)))
