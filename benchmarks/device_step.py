@@ -244,6 +244,8 @@ def run(args, rec: dict) -> dict:
         rec["plan_total_bytes"] = p["per_device"]["total_bytes"]
         rec["plan_parts"] = {k: v for k, v in p["per_device"].items() if v is not None}
         rec["plan_temp_by_phase"] = p.get("temp_by_phase")
+        if p.get("load"):   # a quantized base: the plan's load-and-quantize peak
+            rec["plan_load_bytes"] = p["load"]["bytes"]
     except Exception as e:  # the measurement still runs
         rec["plan_error"] = f"{type(e).__name__}: {e}"
     if args.matmul:
@@ -311,7 +313,9 @@ def fmt(rec: dict) -> str:
                      f"{rec['peak_tflops']} (matmul measured {rec.get('matmul_tflops') or 0:.0f} TFLOP/s)")
     temps = rec.get("plan_temp_by_phase") or {}
     lines.append(f"  plan {gib(rec.get('plan_total_bytes'))} (temporaries: "
-                 + ", ".join(f"{k} {gib(v)}" for k, v in temps.items()) + f"); measured peak {gib(peak)}"
+                 + ", ".join(f"{k} {gib(v)}" for k, v in temps.items()) + ")"
+                 + (f"; load {gib(rec['plan_load_bytes'])}" if rec.get("plan_load_bytes") else "")
+                 + f"; measured peak {gib(peak)}"
                  + (f"; error: {rec['error']}" if rec.get("error") else ""))
     return "\n".join(lines)
 
@@ -330,6 +334,8 @@ def table(records: list[dict]) -> str:
         # records of the first GPU run (before the plan compiled its three programs): persistent + the step's temp
         plan_s = gib(r.get("plan_total_bytes")) + (f" ({big})" if big else " (step only)" if r.get(
             "plan_total_bytes") else " (persistent only)" if r.get("plan_persistent_bytes") else "")
+        if r.get("plan_load_bytes"):   # a quantized base (since run 6): the plan's load-and-quantize peak
+            plan_s += f"; load {gib(r['plan_load_bytes'])}"
         peak = (r.get("memory_after_steps") or {}).get("peak_bytes_in_use")
         cap = r.get("memory_cap") or {}
         done = "s_per_step" in r

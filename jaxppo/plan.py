@@ -21,7 +21,16 @@ devices), never from hand arithmetic:
   the update step, the prepare pass and the behaviour (reference log-prob) pass; ``temp_by_phase`` lists all
   three. ``null`` with ``--no-compile``. Measured on an H200 (benchmarks/README.md "On a GPU"), the GPU plan bounded
   the peak of the runs that fit, within 0.03% for full weights, but not a quantized (NF4) base's behaviour pass;
-- ``total_bytes``: the sum; ``fits``: ``per_device.total_bytes <= hbm_gib · 2^30`` (``null`` without ``--hbm-gib``).
+- ``total_bytes``: the sum; ``fits``: ``per_device.total_bytes <= hbm_gib · 2^30`` (and the load's peak below,
+  when there is one; ``null`` without ``--hbm-gib``);
+- ``load`` (a quantized base, ``model.lora.quantize_base``; else ``null``): the peak of loading the float weights and
+  quantizing them in place (``DecoderLayers.quantize``: projection after projection, each float stack released
+  before the next): ``bytes`` = max over the projections ``t`` (in order) of the float model (``model.param_dtype``)
+  + the actor's adapters − what the earlier projections saved (float − stored) + twice ``t``'s stored codes and
+  scales (the per-layer parts and their stack) + one layer's float slice + the per-layer quantizer's temporaries
+  (``memory_analysis`` of its compile on the plan's device); ``by_target`` lists each ``t``'s value. Counted for
+  one device holding the whole model (the quantized examples' case); on a mesh it is divided by
+  ``mesh.fsdp × mesh.tensor`` (an even split of the weights). Measured on the H200: see launch/README.md.
 
 The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
 plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports. That
@@ -120,6 +129,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
         parts["temp_bytes"] = (temp, temp * len(devices))
     else:
         parts["temp_bytes"] = (None, None)
+    load = load_peak(cfg, read_model_config(cfg.model.path), devices[0], model_shards=m.fsdp * m.tensor)
     per_device = {k: parts[k][0] for k in CATEGORIES}
     total = {k: parts[k][1] for k in CATEGORIES}
     for block in (per_device, total):
@@ -144,13 +154,49 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
         "per_device": per_device,
         "total": total,
         "hbm_gib": hbm_gib,
-        "fits": None if hbm_gib is None else bool(per_device["total_bytes"] <= hbm_gib * GiB),
+        "fits": None if hbm_gib is None else bool(max(per_device["total_bytes"], load["bytes"] if load else 0)
+                                                  <= hbm_gib * GiB),
+        "load": load,                       # a quantized base: the peak of loading and quantizing (docstring)
         "temp_note": None if compile_step else "--no-compile: the step was not compiled, temp_bytes unknown "
                                           "(fits covers the persistent state only)",
         "temp_by_phase": phases,            # per device: the step, the prepare pass, the behaviour pass
         "memory_analysis": memory,
         "seconds": {"build": round(build_s, 2), "compile": None if compile_s is None else round(compile_s, 2)},
     }
+
+
+def load_peak(cfg: Any, hf_config: dict, device, *, model_shards: int = 1) -> dict | None:
+    """The load-and-quantize peak of a run with a quantized base (module docstring, ``load``), or None."""
+    import jax
+    from flax import nnx
+
+    from jaxppo.models import CausalLM
+    from jaxppo.models.adapters import attach_lora
+    from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, _N_IN, spec_from_config
+    from jaxppo.models.quant import quantize_int8, quantize_nf4_last
+    from jaxppo.trainer.ppo.setup import lm_config
+
+    spec = spec_from_config(cfg.model.lora)
+    if spec is None or spec.quantize_base is None:
+        return None
+    lm_cfg = lm_config(hf_config, cfg.model)
+    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    float_lm = nnx.eval_shape(lambda: CausalLM(lm_cfg, rngs=nnx.Rngs(0)))
+    quant_lm = nnx.eval_shape(lambda: attach_lora(CausalLM(lm_cfg, rngs=nnx.Rngs(0)), spec))
+    fl, ql = float_lm.model.layers, quant_lm.model.layers
+    adapters = nbytes([getattr(ql, f"{t}_lora_{x}").get_value() for t in spec.targets for x in "ab"])
+    before = nbytes(nnx.state(float_lm)) + adapters
+    by_target = {}
+    for t in TARGETS:
+        w = getattr(fl, t).get_value()
+        f_t = nbytes(w)
+        q_t = nbytes([getattr(ql, t + sfx).get_value() for sfx in ("",) + QUANT_SUFFIXES if hasattr(ql, t + sfx)])
+        fn = quantize_nf4_last if spec.quantize_base == "nf4" else (lambda wi, n=_N_IN[t]: quantize_int8(wi, n_in=n))
+        layer = jax.ShapeDtypeStruct(w.shape[1:], w.dtype)
+        temp = jax.jit(fn).trace(layer).lower(lowering_platforms=(device.platform,)).compile().memory_analysis()
+        by_target[t] = (before + 2 * q_t + f_t // w.shape[0] + int(temp.temp_size_in_bytes)) // model_shards
+        before += q_t - f_t
+    return {"bytes": max(by_target.values()), "by_target": by_target}
 
 
 def _phase_programs(cfg: Any, core, actor_gd, s, ref) -> dict:
@@ -193,6 +239,9 @@ def format_table(p: dict) -> str:
     rows = [f"{'':<16}{'per device GiB':>16}{'total GiB':>12}"]
     for k in CATEGORIES + ("total_bytes",):
         rows.append(f"{k.removesuffix('_bytes'):<16}{gib(p['per_device'][k]):>16}{gib(p['total'][k]):>12}")
+    if p.get("load"):
+        rows.append(f"{'load (peak)':<16}{gib(p['load']['bytes']):>16}{'':>12}  loading the float weights and "
+                    f"quantizing them ({p['config']['quantize_base']})")
     if p["fits"] is not None:
         rows.append(f"fits {p['hbm_gib']} GiB per device: {'yes' if p['fits'] else 'NO'}")
     if p["temp_note"]:

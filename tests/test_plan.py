@@ -112,3 +112,44 @@ def test_cli_missing_config_json_is_a_clear_error(tmp_path):
                         f"model.path={tmp_path}", "mesh.data=1", "mesh.fsdp=1", "--devices", "1"],
                        capture_output=True, text=True, cwd=REPO, timeout=300)
     assert r.returncode == 2 and "model.path" in r.stderr and "config.json" in r.stderr
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "int8"])
+def test_load_peak_of_a_quantized_base_by_hand(tmp_path, fmt):
+    """The load-and-quantize peak (``plan.load_peak``) on a small Llama shape, from the byte counts by hand: the
+    float32 model plus the adapters, minus what the projections quantized earlier saved, plus twice the current
+    projection's codes and scales, one layer's float slice and the quantizer's compiled temporaries."""
+    from jaxppo.models.lora import _N_IN
+    from jaxppo.models.quant import quantize_int8, quantize_nf4_last
+    from jaxppo.plan import load_peak
+
+    L, D, H, K, hd, F, V, r = 2, 128, 2, 1, 64, 256, 512, 4
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": D,
+          "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": K,
+          "tie_word_embeddings": True, "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "hidden_act": "silu"}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    cfg = load_config(REPO / "configs/smoke.yaml", [f"model.path={tmp_path}", f"model.lora.rank={r}",
+                                                    f"model.lora.quantize_base={fmt}"])
+    assert load_peak(load_config(REPO / "configs/smoke.yaml", [f"model.path={tmp_path}"]), hf, jax.devices()[0]) is None
+    got = load_peak(cfg, hf, jax.devices()[0])
+    shapes = {"q": (D, H, hd), "k": (D, K, hd), "v": (D, K, hd), "o": (H, hd, D), "gate": (D, F), "up": (D, F),
+              "down": (F, D)}
+    size = {t: int(np.prod(s)) for t, s in shapes.items()}
+    n_in = {t: int(np.prod(s[:_N_IN[t]])) for t, s in shapes.items()}
+    floats = 4 * (V * D + L * (sum(size.values()) + 2 * D) + D)            # tied embedding, layers, final norm
+    adapters = 4 * L * sum(r * (n_in[t] + size[t] // n_in[t]) for t in shapes)
+    before, want = floats + adapters, {}
+    for t, s in shapes.items():
+        if fmt == "nf4":
+            stored = L * (size[t] // 2 + 4 * size[t] // 64)                 # two codes a byte + a float32 per 64
+            fn = quantize_nf4_last
+        else:
+            stored = L * (size[t] + 4 * size[t] // n_in[t])                 # int8 codes + a float32 per output
+            fn = lambda w, n=_N_IN[t]: quantize_int8(w, n_in=n)  # noqa: E731
+        temp = jax.jit(fn).lower(jax.ShapeDtypeStruct(s, np.float32)).compile().memory_analysis().temp_size_in_bytes
+        want[t] = before + 2 * stored + 4 * size[t] + temp
+        before += stored - 4 * L * size[t]
+    assert got == {"bytes": max(want.values()), "by_target": want}
+    p = plan(cfg, devices=jax.devices()[:1], hbm_gib=1.0, compile_step=False)
+    assert p["load"] == got and p["fits"] is True
+    assert plan(cfg, devices=jax.devices()[:1], hbm_gib=0.999 * got["bytes"] / GiB, compile_step=False)["fits"] is False

@@ -128,11 +128,14 @@ class DecoderLayers(nnx.Module):
 
     def quantize(self, fmt: str) -> None:
         """Store the seven projections q/k/v/o/gate/up/down in ``fmt`` (int8 / nf4, ``lora.quantize_stacked``)
-        in place; they are dequantized per layer at use (``layers.weight``)."""
+        in place, one projection after the other: each float stack is released (when nothing else holds it) before
+        the next is quantized, so the load's peak is the float model plus one projection's codes twice (the
+        per-layer parts and their stack; ``jaxppo.plan`` reports it as ``load_bytes``). Dequantized per layer at
+        use (``layers.weight``)."""
         shapes = layer_param_shapes(self.config)
-        stored = quantize_stacked({n: (getattr(self, n)[...], shapes[n][1]) for n in TARGETS}, fmt)
-        for name, param in stored.items():
-            setattr(self, name, param)
+        for n in TARGETS:
+            for name, param in quantize_stacked({n: (getattr(self, n)[...], shapes[n][1])}, fmt).items():
+                setattr(self, name, param)
 
     def base_names(self) -> list[str]:
         """Names of the stacked base arrays (with a quantized base, the scales / block maxima too)."""
