@@ -217,7 +217,7 @@ def run(args, rec: dict) -> dict:
 
     from jaxppo.config import load_config
     from jaxppo.models.adapters import with_adapters
-    from jaxppo.parallel import make_mesh, merged_rules
+    from jaxppo.parallel import mesh_from_config
     from jaxppo.plan import plan
     from jaxppo.trainer.ppo.setup import assemble_run, check_config, lm_config, step_hparams
 
@@ -228,8 +228,7 @@ def run(args, rec: dict) -> dict:
     cfg = load_config(args.config, [f"model.path={args.model_dir}", *args.overrides])
     devices = jax.devices()[:1]
     check_config(cfg, len(devices))
-    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
-    rules = merged_rules(cfg.mesh.rules)
+    mesh, rules = mesh_from_config(cfg.mesh, devices)
     P, R = cfg.data.max_prompt_length, cfg.data.max_response_length
     mini, epochs = cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_epochs
     critic = step_hparams(cfg).critic is not None

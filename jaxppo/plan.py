@@ -83,18 +83,13 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     """The memory plan of ``cfg`` on ``devices`` (default all): a JSON-able dict (see the module docstring)."""
     import jax
 
-    from jaxppo.config import ConfigError
-    from jaxppo.parallel import make_mesh, merged_rules
+    from jaxppo.parallel import mesh_from_config
     from jaxppo.trainer.ppo.setup import abstract_core, check_config
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
     m = cfg.mesh
-    mesh = make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-    try:
-        rules = merged_rules(m.rules)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    mesh, rules = mesh_from_config(m, devices)
     critic_hf = read_model_config(cfg.critic.model_path, "critic.model_path") \
         if cfg.critic.model_path and not cfg.critic.share_trunk else None
     t0 = time.perf_counter()

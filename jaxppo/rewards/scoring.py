@@ -67,6 +67,18 @@ def _drop_failed(rows: list, failures: dict[int, RowSkip], report: Any) -> list[
     return [i for i in range(len(rows)) if i not in failures]
 
 
+def score_pairs(scorer, pairs: list, report: Any) -> tuple[list, np.ndarray, np.ndarray]:
+    """``(pairs kept, r_chosen, r_rejected)``: both answers of every pair scored; a pair whose chosen or rejected
+    text fails to score is dropped and counted in ``report``; none left is an error (``require_rows``)."""
+    prompts = [p.prompt for p in pairs]
+    rc, fc = score_texts(scorer, prompts, [p.chosen for p in pairs])
+    rj, fj = score_texts(scorer, prompts, [p.rejected for p in pairs])
+    keep = _drop_failed(pairs, {**fj, **fc}, report)
+    pairs = [pairs[i] for i in keep]
+    require_rows(pairs, report)
+    return pairs, rc[keep], rj[keep]
+
+
 def score_dataset(cfg: Config) -> dict:
     """Score ``cfg.data`` with the reward model ``cfg.reward.model_path``; returns the metrics."""
     from jaxppo.data.pipeline import load_rows
@@ -82,12 +94,7 @@ def score_dataset(cfg: Config) -> dict:
     metrics: dict = {"model_path": cfg.reward.model_path, "data": cfg.data.path, "schema": loaded.schema}
     rows = loaded.rows
     if loaded.schema == "preference":
-        prompts = [p.prompt for p in rows]
-        rc, fc = score_texts(scorer, prompts, [p.chosen for p in rows])
-        rj, fj = score_texts(scorer, prompts, [p.rejected for p in rows])
-        keep = _drop_failed(rows, {**fj, **fc}, loaded.report)
-        rows, rc, rj = [rows[i] for i in keep], rc[keep], rj[keep]
-        require_rows(rows, loaded.report)
+        rows, rc, rj = score_pairs(scorer, rows, loaded.report)
         metrics.update({"accuracy": float(np.mean(rc > rj)), "margin": float(np.mean(rc - rj)),
                         "n_pairs": len(rows)})
         records = [{"index": p.index, "r_chosen": float(a), "r_rejected": float(b)} for p, a, b in zip(rows, rc, rj)]
@@ -144,12 +151,7 @@ def preference_to_scored(cfg: Config) -> dict:
     loaded = load_rows(cfg.data)
     rows = loaded.rows
     if scorer is not None:
-        prompts = [p.prompt for p in rows]
-        rc, fc = score_texts(scorer, prompts, [p.chosen for p in rows])
-        rj, fj = score_texts(scorer, prompts, [p.rejected for p in rows])
-        keep = _drop_failed(rows, {**fj, **fc}, loaded.report)
-        rows, rc, rj = [rows[i] for i in keep], rc[keep], rj[keep]
-        require_rows(rows, loaded.report)
+        rows, rc, rj = score_pairs(scorer, rows, loaded.report)
     else:
         rc, rj = np.ones(len(rows), np.float32), np.zeros(len(rows), np.float32)
     records = scored_records(rows, rc, rj)

@@ -81,7 +81,7 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
     from jaxppo.models.dtypes import dtype_of
     from jaxppo.models.eos import eos_ids
-    from jaxppo.parallel import make_mesh, merged_rules
+    from jaxppo.parallel import mesh_from_config
     from jaxppo.rewards import reward_fn_from_config
     from jaxppo.trainer.evaluation import (
         compare,
@@ -103,11 +103,7 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     if n_mesh > len(devices):
         raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n_mesh} devices, but only "
                           f"{len(devices)} are available")
-    mesh = make_mesh(m.data, m.fsdp, m.tensor, devices=devices[:n_mesh])
-    try:
-        rules = merged_rules(m.rules)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    mesh, rules = mesh_from_config(m, devices[:n_mesh])
     kw = dict(dtype=dtype_of(cfg.model.param_dtype), compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh,
               rules=rules)
     reference = load_pretrained(ref_path, **kw)

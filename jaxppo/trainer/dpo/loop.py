@@ -176,15 +176,11 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         shardings_of,
         split_params,
     )
-    from jaxppo.parallel import batch_sharding, make_mesh, merged_rules
+    from jaxppo.parallel import batch_sharding, mesh_from_config
 
     devices = list(jax.devices() if devices is None else devices)
     check_dpo_config(cfg, len(devices))
-    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
-    try:
-        rules = merged_rules(cfg.mesh.rules)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    mesh, rules = mesh_from_config(cfg.mesh, devices)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(tokenizer_path(cfg.model))
     arrays, group, report = load_pairs(cfg, tokenizer)

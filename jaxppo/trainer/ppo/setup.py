@@ -390,15 +390,11 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
     from jaxppo.models.adapters import with_adapters
     from jaxppo.models.dtypes import dtype_of
-    from jaxppo.parallel import make_mesh, merged_rules
+    from jaxppo.parallel import mesh_from_config
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
-    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices)
-    try:
-        rules = merged_rules(cfg.mesh.rules)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    mesh, rules = mesh_from_config(cfg.mesh, devices)
     ensure_data(cfg)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(tokenizer_path(cfg.model))
