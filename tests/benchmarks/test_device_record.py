@@ -22,7 +22,7 @@ def _gpu_section() -> str:
 
 
 def test_readme_table_is_the_records():
-    assert len(RUNS) >= 12
+    assert len(RUNS) >= 13
     assert table([(f.stem, json.loads(f.read_text())) for f in RUNS]) in _gpu_section()
 
 
@@ -78,6 +78,16 @@ def test_readme_prose_numbers_are_the_records():
     assert f"at {q6['s_per_step']:.2f} s per step, peak {peak / 2 ** 30:.2f} GiB while loading" in readme
     launch = " ".join((ROOT / "launch" / "README.md").read_text().split())
     assert f"{peak / 2 ** 30:.2f} GiB measured" in launch and f"measured peak **{peak / 2 ** 30:.2f} GiB**" in launch
+    # run 7: bf16 parameters on a float32 master (jaxppo.optim.with_master_weights)
+    b7 = _rec("run7_qwen1p5b_grpo_bf16params")
+    assert b7["param_dtype"] == "bfloat16" and b7["finite_losses"]
+    assert f"{b7['s_per_step']:.3f} s per step, {bf16['s_per_step'] / b7['s_per_step']:.2f}x" in flat
+    assert f"{f32['s_per_step'] / b7['s_per_step']:.2f}x float32" in flat
+    # per bf16 value (2 B): a float32 master (4 B) and two float32 moments (8 B), plus a few scalars (counts, LR)
+    assert 0 <= b7["plan_parts"]["optimizer_bytes"] - 6 * b7["plan_parts"]["params_bytes"] < 1024
+    assert f"peak {gib(b7['memory_after_steps']['peak_bytes_in_use'])} against" in flat
+    assert f"(plan {gib(b7['plan_total_bytes'])}" in flat
+    assert f"{b7['metrics']['actor/pg_loss']:.4f} vs {bf16['metrics']['actor/pg_loss']:.4f}" in flat
     # the float32 run at micro-batch 8 failed where the plan said it would not fit the allocator
     f8 = _rec("run1_qwen1p5b_grpo_f32_micro8")
     assert f8["plan_total_bytes"] > f8["memory_at_error"]["bytes_limit"] and "RESOURCE_EXHAUSTED" in f8["error"]
