@@ -88,6 +88,8 @@ def test_readme_prose_numbers_are_the_records():
     assert f"peak {gib(b7['memory_after_steps']['peak_bytes_in_use'])} against" in flat
     assert f"(plan {gib(b7['plan_total_bytes'])}" in flat
     assert f"{b7['metrics']['actor/pg_loss']:.4f} vs {bf16['metrics']['actor/pg_loss']:.4f}" in flat
+    assert (f"{f32['s_per_step'] / bf16['s_per_step']:.2f}x faster with bf16 compute than in float32, and "
+            f"{f32['s_per_step'] / b7['s_per_step']:.2f}x with bf16 parameters") in readme
     # the float32 run at micro-batch 8 failed where the plan said it would not fit the allocator
     f8 = _rec("run1_qwen1p5b_grpo_f32_micro8")
     assert f8["plan_total_bytes"] > f8["memory_at_error"]["bytes_limit"] and "RESOURCE_EXHAUSTED" in f8["error"]
