@@ -256,3 +256,27 @@ def test_quantized_base_under_bfloat16_compute_uses_float32_scales(fmt, scan):
     for t in TARGETS:   # the float32 dequantized weights, stored as float32 parameters of an unquantized base
         getattr(plain.model.layers, t).set_value(weight(raw, t, jnp.float32))
     np.testing.assert_array_equal(np.asarray(lm(IDS, MASK)), np.asarray(plain(IDS, MASK)))
+
+
+def test_compact_replaces_the_arrays_with_equal_ones_in_place():
+    """``adapters.compact`` (run after quantizing a base, on accelerators) re-places every array through the host:
+    same values, dtypes and shardings (an 8-device FSDP mesh here), the old buffers deleted; a no-op on the CPU
+    unless forced, as with_adapters calls it."""
+    from jaxppo.models import shard_model
+    from jaxppo.models.adapters import compact
+    from jaxppo.parallel import make_mesh
+
+    kw = dict(hidden_size=64, num_attention_heads=1, num_key_value_heads=1, intermediate_size=128)
+    lm = shard_model(attach_lora(tiny_lm("llama", **kw), LoraSpec(rank=2, quantize_base="nf4"), seed=0),
+                     make_mesh(2, 4, 1))
+    before = jax.tree.leaves(nnx.state(lm))
+    want = [(np.asarray(x), x.dtype, x.sharding) for x in before]
+    logits = np.asarray(lm(IDS, MASK))
+    assert compact(lm) is False and jax.tree.leaves(nnx.state(lm))[0] is before[0]   # CPU: left as it is
+    assert compact(lm, force=True) is True
+    after = jax.tree.leaves(nnx.state(lm))
+    assert all(x.is_deleted() for x in before) and not any(x.is_deleted() for x in after)
+    for x, (v, dt, sh) in zip(after, want):
+        assert x.dtype == dt and x.sharding == sh
+        np.testing.assert_array_equal(np.asarray(x), v)
+    np.testing.assert_array_equal(np.asarray(lm(IDS, MASK)), logits)
