@@ -217,7 +217,7 @@ def run(args, rec: dict) -> dict:
 
     from jaxppo.config import load_config
     from jaxppo.models.adapters import with_adapters
-    from jaxppo.parallel import mesh_from_config
+    from jaxppo.trainer.mesh import mesh_from_config
     from jaxppo.plan import plan
     from jaxppo.trainer.ppo.setup import assemble_run, check_config, lm_config, step_hparams
 

@@ -83,7 +83,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     """The memory plan of ``cfg`` on ``devices`` (default all): a JSON-able dict (see the module docstring)."""
     import jax
 
-    from jaxppo.parallel import mesh_from_config
+    from jaxppo.trainer.mesh import mesh_from_config
     from jaxppo.trainer.ppo.setup import abstract_core, check_config
 
     devices = list(jax.devices() if devices is None else devices)

@@ -48,20 +48,6 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[j
     return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
 
 
-def mesh_from_config(mesh_cfg, devices: Sequence[jax.Device]) -> tuple[Mesh, dict]:
-    """The ``Mesh`` of a config's ``mesh`` section over ``devices`` (exactly ``data × fsdp × tensor`` of them) and its
-    sharding rules (``DEFAULT_RULES`` with ``mesh.rules`` over them); a rule naming an unknown mesh axis is a
-    ``ConfigError``. What every entry point (train, DPO, evaluation, plan) builds before loading a model."""
-    from jaxppo.config import ConfigError
-
-    mesh = make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor, devices=devices)
-    try:
-        rules = merged_rules(mesh_cfg.rules)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return mesh, rules
-
-
 def merged_rules(overrides: Mapping[str, str | Sequence[str] | None] | None = None) -> dict:
     rules = dict(DEFAULT_RULES)
     for k, v in (overrides or {}).items():

@@ -81,7 +81,7 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
     from jaxppo.models.dtypes import dtype_of
     from jaxppo.models.eos import eos_ids
-    from jaxppo.parallel import mesh_from_config
+    from jaxppo.trainer.mesh import mesh_from_config
     from jaxppo.rewards import reward_fn_from_config
     from jaxppo.trainer.evaluation import (
         compare,

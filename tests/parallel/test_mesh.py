@@ -54,16 +54,6 @@ def test_rule_overrides_and_unknown_axis():
         pm.merged_rules({"embed": "model"})
 
 
-def test_mesh_from_config_builds_the_mesh_and_a_bad_rule_is_a_config_error():
-    from jaxppo.config import ConfigError, load_config
-
-    mesh, rules = pm.mesh_from_config(load_config(None, ["mesh.data=2", "mesh.fsdp=4"]).mesh, jax.devices()[:8])
-    assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1} and rules == pm.DEFAULT_RULES
-    bad = load_config(None, ["mesh.data=1", "mesh.fsdp=1", "mesh.rules={embed: model}"]).mesh
-    with pytest.raises(ConfigError, match=r"mesh\.rules\.embed.*unknown mesh axis 'model'"):
-        pm.mesh_from_config(bad, jax.devices()[:1])
-
-
 def test_sharded_matmul_equals_single_device():
     m = pm.make_mesh(2, 2, 2)
     x = jax.random.normal(jax.random.key(0), (16, 24))

@@ -176,7 +176,8 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         shardings_of,
         split_params,
     )
-    from jaxppo.parallel import batch_sharding, mesh_from_config
+    from jaxppo.parallel import batch_sharding
+    from jaxppo.trainer.mesh import mesh_from_config
 
     devices = list(jax.devices() if devices is None else devices)
     check_dpo_config(cfg, len(devices))

@@ -390,7 +390,7 @@ def build_run(cfg: Any, *, devices=None) -> Run:
     from jaxppo.hf.paths import resolve_model_path, tokenizer_path
     from jaxppo.models.adapters import with_adapters
     from jaxppo.models.dtypes import dtype_of
-    from jaxppo.parallel import mesh_from_config
+    from jaxppo.trainer.mesh import mesh_from_config
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
