@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxppo.models.layers import is_low_precision
+
 
 def lr_schedule(optim_cfg, total_steps: int) -> optax.Schedule:
     """Warmup (linear 0→lr) then constant/cosine/linear decay to ``min_lr_ratio·lr`` at ``total_steps``."""
@@ -72,7 +74,7 @@ def has_low_precision(params) -> bool:
 
 
 def _low(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4
+    return is_low_precision(x.dtype)
 
 
 class MasterState(NamedTuple):
