@@ -167,8 +167,7 @@ def load_peak(cfg: Any, hf_config: dict, device, *, model_shards: int = 1) -> di
 
     from jaxppo.models import CausalLM
     from jaxppo.models.adapters import attach_lora
-    from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, _N_IN, spec_from_config
-    from jaxppo.models.quant import quantize_int8, quantize_nf4_last
+    from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, layer_quantizer, spec_from_config
     from jaxppo.trainer.ppo.setup import lm_config
 
     spec = spec_from_config(cfg.model.lora)
@@ -186,9 +185,8 @@ def load_peak(cfg: Any, hf_config: dict, device, *, model_shards: int = 1) -> di
         w = getattr(fl, t).get_value()
         f_t = nbytes(w)
         q_t = nbytes([getattr(ql, t + sfx).get_value() for sfx in ("",) + QUANT_SUFFIXES if hasattr(ql, t + sfx)])
-        fn = quantize_nf4_last if spec.quantize_base == "nf4" else (lambda wi, n=_N_IN[t]: quantize_int8(wi, n_in=n))
         layer = jax.ShapeDtypeStruct(w.shape[1:], w.dtype)
-        temp = jax.jit(fn).trace(layer).lower(lowering_platforms=(device.platform,)).compile().memory_analysis()
+        temp = jax.jit(layer_quantizer(t, spec.quantize_base)).trace(layer).lower(lowering_platforms=(device.platform,)).compile().memory_analysis()
         by_target[t] = (before + 2 * q_t + f_t // w.shape[0] + int(temp.temp_size_in_bytes)) // model_shards
         before += q_t - f_t
     return {"bytes": max(by_target.values()), "by_target": by_target}

@@ -125,25 +125,33 @@ def _per_layer(fn, w: jax.Array):
     return jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
 
 
+def layer_quantizer(name: str, fmt: str):
+    """The function that quantizes ONE layer of projection ``name`` in ``fmt``: int8 -> ``Int8Weight`` (scales per
+    output channel), nf4 -> ``(packed, absmax)`` along the last axis (``jaxppo.models.quant``)."""
+    from jaxppo.models.quant import quantize_int8, quantize_nf4_last
+
+    if fmt == "int8":
+        return lambda wi: quantize_int8(wi, n_in=_N_IN[name])
+    if fmt == "nf4":
+        return quantize_nf4_last
+    raise ValueError(f"unknown quantization format {fmt!r}; expected 'int8' or 'nf4'")
+
+
 def quantize_stacked(weights: dict[str, tuple[jax.Array, tuple]], fmt: str) -> dict[str, nnx.Param]:
     """The stacked projections ``{name: (w [L, *in, *out], logical axes)}`` of :data:`TARGETS` stored in ``fmt``:
     int8 -> ``name`` (int8 codes, w's shape) + ``<name>_scale`` (float32, 1 on the input axes); nf4 ->
     ``name`` (uint8, two codes per byte along the last axis) + ``<name>_absmax`` (float32, one per 64 values)."""
-    from jaxppo.models.quant import quantize_int8, quantize_nf4_last
-
     out = {}
     for name, (w, axes) in weights.items():
+        x = _per_layer(layer_quantizer(name, fmt), w)
         if fmt == "int8":
-            x = _per_layer(lambda wi, n=_N_IN[name]: quantize_int8(wi, n_in=n), w)
             out[name] = nnx.Param(x.q, logical_axes=axes)
             out[name + "_scale"] = nnx.Param(x.scale, logical_axes=(axes[0],) + (None,) * _N_IN[name]
                                              + tuple(axes[1 + _N_IN[name]:]))
-        elif fmt == "nf4":
-            packed, absmax = _per_layer(quantize_nf4_last, w)
+        else:
+            packed, absmax = x
             out[name] = nnx.Param(packed, logical_axes=axes)
             out[name + "_absmax"] = nnx.Param(absmax, logical_axes=axes)
-        else:
-            raise ValueError(f"unknown quantization format {fmt!r}; expected 'int8' or 'nf4'")
     return out
 
 
