@@ -198,7 +198,7 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
         for ph, upd in phases:
             params = tuple(fields[f] for f in ph.fields)
             opts = tuple(fields[f + "_opt"] for f in ph.fields)
-            p, o, aux, _, _, _ = run_epochs(upd, ph.epochs, params, opts, (None,) * len(params), batch, w)
+            p, o, aux, _, _, _ = run_epochs(upd, ph.epochs, params, opts, batch, w)
             for f, pi, oi in zip(ph.fields, p, o):
                 out[f], out[f + "_opt"] = pi, oi
             losses[ph.fields[0]] = aux["_loss"]

@@ -99,6 +99,19 @@ def test_jaxppo_driver_runs_and_records(work):
     assert lora["loss"] == dpo["loss"] and any("LoRA rank 8" in n for n in lora["notes"])
 
 
+def test_jaxppo_driver_rl_rows_run(work):
+    """The GRPO and PPO rows run the PPO trainer's update code (make_phases / make_update / run_epochs); without
+    a peer venv this is the only run they get in CI, so a change of that API fails here, not in the benchmark."""
+    grpo = _run_driver(sys.executable, "jaxppo", "grpo", work, 1, _env())
+    ppo = _run_driver(sys.executable, "jaxppo", "ppo", work, 1, _env())
+    for rec in (grpo, ppo):
+        assert rec["unsupported"] is None and np.isfinite(rec["loss"]) and rec["s_per_update"] > 0
+    assert set(grpo["loss_parts"]) == {"policy_loss"} and grpo["loss"] == grpo["loss_parts"]["policy_loss"]
+    parts = ppo["loss_parts"]
+    assert set(parts) == {"policy_loss", "value_loss"} and parts["value_loss"] > 0
+    assert ppo["loss"] == pytest.approx(parts["policy_loss"] + parts["value_loss"], rel=1e-6)
+
+
 CHECKED = ("fwdbwd", "dpo", "grpo")
 
 
