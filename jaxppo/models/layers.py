@@ -163,14 +163,18 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.A
 
 
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x`` [..., D] times ``w`` [D, *out] -> [..., *out] as one 2-D matmul ``[N, D] @ [D, prod(out)]``.
+    """``x`` [..., D] times ``w`` [D, *out] -> [..., *out]; accumulates in float32, returns ``x.dtype``.
 
-    Flattening the leading dims keeps XLA's CPU backward on plain GEMMs (einsums with several batch
-    dims were ~2x slower there). Accumulates in float32, returns ``x.dtype`` (``mixed_einsum``).
+    float32: one 2-D matmul ``[N, D] @ [D, prod(out)]`` (flattening the leading dims keeps XLA's CPU backward on
+    plain GEMMs; keeping them was ~0.8x in a paired fwd+bwd of the 30-layer model). 16-bit (``mixed_einsum``): the
+    leading dims are kept (``"abd,dm->abm"``), so the weight gradient ``xᵀ·g`` contracts several dims; XLA:CPU then
+    lowers it through a transposed copy to a canonical 16-bit YNNPACK GEMM, whereas the flattened form's single
+    contraction over the lhs's first dim is upcast to a float32 dot (benchmarks/README.md, "Where XLA:CPU loses it").
     """
     lead, d, out = x.shape[:-1], x.shape[-1], w.shape[1:]
     if is_low_precision(x.dtype):
-        return mixed_einsum("nd,dm->nm", x.reshape(-1, d), w.reshape(d, -1)).reshape(*lead, *out)
+        s = "abcefghijkl"[:len(lead)]
+        return mixed_einsum(f"{s}d,dm->{s}m", x, w.reshape(d, -1)).reshape(*lead, *out)
     y = jnp.dot(x.reshape(-1, d), w.reshape(d, -1), preferred_element_type=jnp.float32)
     return y.astype(x.dtype).reshape(*lead, *out)
 
