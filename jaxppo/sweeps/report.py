@@ -21,7 +21,8 @@ first reaches target: earlier/later/same (median samples) | behaviour mismatch a
 Under each table: the power line (the paired t-test's smallest final difference detected with 80% power at the
 5% level, :func:`jaxppo.sweeps.stats.min_detectable_effect`, from the sweep's pooled sd of the paired final
 differences and its seed count; the sign-flip test's smallest possible p), the calibration's verdict (whether
-every statistic held its nominal rate on synthetic A/A sweeps), and one verdict line per variant
+every statistic held its nominal rate on synthetic A/A sweeps), the evaluation-noise line (:func:`noise_line`, from
+``results.csv``: the baseline's spread over seeds at 0 samples against its final seed sd), and one verdict line per variant
 (:func:`jaxppo.sweeps.results.verdict`). A sweep without ``summary.csv`` is listed as "not run".
 
 The block replaces the text between ``<!-- sweep-results:begin -->`` and ``<!-- sweep-results:end -->`` in
@@ -39,7 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jaxppo.sweeps import stats
-from jaxppo.sweeps.results import _float, format_ci, mismatch, read_csv, summary_by_variant, verdict
+from jaxppo.sweeps.results import (_float, format_ci, initial_eval_sd, mismatch, read_csv, summary_by_variant,
+                                   verdict)
 from jaxppo.sweeps.spec import DEFAULT_ROOT, SweepError, load_sweep
 
 # the sweeps of the four notebooks (issue 12), in the Results order; quickstart_replay is the SmolLM2-135M one
@@ -118,6 +120,19 @@ def power_line(rows: Sequence[dict], calibration: dict | None, calibration_path:
     return line
 
 
+def noise_line(results: Sequence[dict], baseline: str, baseline_row: dict) -> str:
+    """The evaluation-noise line under a sweep's table: the sd over seeds of the baseline's evaluation at 0
+    samples (the same initial policy, each seed's own evaluation key: the noise of one evaluation,
+    :func:`jaxppo.sweeps.results.initial_eval_sd`) against the baseline's final seed sd, which contains it."""
+    sd0, n = initial_eval_sd(results, baseline)
+    final = _float(baseline_row.get("final_seed_sd"))
+    if math.isnan(sd0) or math.isnan(final):
+        return f"Evaluation noise: not measurable ({n} seeds evaluated at 0 samples)."
+    share = f"; the evaluation alone is {sd0 * sd0 / (final * final):.0%} of the final seed variance" if final > 0 else ""
+    return (f"Evaluation noise: at 0 samples (the same initial policy, each seed's own evaluation key) the held-out "
+            f"value varies with sd {sd0:.4f} over {n} seeds, against the baseline's final seed sd {final:.4f}{share}.")
+
+
 def sweep_report(sweep_file: str | Path, output_root: str | Path, calibration: dict | None = None,
                  calibration_path: str = DEFAULT_CALIBRATION) -> list[str]:
     """The markdown lines of one sweep (heading, table, power line, verdicts); ``SweepError`` for an invalid
@@ -151,7 +166,10 @@ def sweep_report(sweep_file: str | Path, output_root: str | Path, calibration: d
     if spec.baseline not in by_var:
         return [*lines, f"baseline {spec.baseline!r} is not in {path}", ""]
     others = [r for v, r in by_var.items() if v != spec.baseline]
-    lines += [power_line(others, calibration, calibration_path, by_var[spec.baseline]), "", RULE,
+    lines += [power_line(others, calibration, calibration_path, by_var[spec.baseline]), ""]
+    if (out / "results.csv").is_file():
+        lines += [noise_line(read_csv(out / "results.csv"), spec.baseline, by_var[spec.baseline]), ""]
+    lines += [RULE,
               *(f"- {verdict(rows, v, spec.baseline)}" for v in by_var if v != spec.baseline), ""]
     return lines
 

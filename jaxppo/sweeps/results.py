@@ -375,6 +375,23 @@ def mismatch(out: str | Path, variants: Sequence[str], seeds: Sequence[int], ste
     return res
 
 
+def initial_eval_sd(results, variant: str) -> tuple[float, int]:
+    """The spread of the evaluation alone: sd (ddof 1) over seeds of ``variant``'s held-out value at 0 samples,
+    and the number of seeds, from ``results.csv`` rows (:func:`read_csv`) or :func:`result_rows`.
+
+    At 0 samples every seed evaluates the same initial policy on the same prompts, only with its own evaluation
+    key, so this sd is the noise of one evaluation (prompts x samples per prompt); the final seed sd contains it
+    plus the training's spread. Rows that are not ``status == "ok"`` or whose value is NaN are left out; fewer
+    than 2 seeds give NaN."""
+    vals = []
+    for r in results:
+        if str(r.get("variant")) == variant and r.get("status", "ok") == "ok" and _float(r.get("samples")) == 0:
+            v = _float(r.get("reward"))
+            if math.isfinite(v):
+                vals.append(v)
+    return (float(np.std(vals, ddof=1)) if len(vals) >= 2 else math.nan), len(vals)
+
+
 def summary_by_variant(summary) -> dict[str, dict]:
     """``{variant: row}`` of a summary: rows of ``summary.csv`` (:func:`read_csv`: strings), of :func:`summarize`,
     or a pandas DataFrame with those columns."""

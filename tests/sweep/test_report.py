@@ -302,3 +302,40 @@ def test_default_sweeps_are_the_notebooks():
     for nb in (REPO / "notebooks").glob("*.ipynb"):
         nb_sweeps |= set(re.findall(r"configs/sweeps/([\w.]+)\.yaml", nb.read_text(encoding="utf-8")))
     assert set(stems) <= nb_sweeps
+
+
+def _results_rows() -> list[dict]:
+    """results.csv rows: base's evaluations at 0 samples 0.30 / 0.34 / 0.26 (seeds 0-2), a failed seed 3 and a
+    NaN seed 4 (both left out), later grid points and another variant that must not count."""
+    rows = [{"variant": "base", "seed": s, "samples": 0, "reward": r, "status": "ok"}
+            for s, r in ((0, 0.30), (1, 0.34), (2, 0.26))]
+    rows += [{"variant": "base", "seed": 3, "samples": 0, "reward": 0.9, "status": "failed"},
+             {"variant": "base", "seed": 4, "samples": 0, "reward": NAN, "status": "ok"},
+             {"variant": "base", "seed": 0, "samples": 32, "reward": 0.9, "status": "ok"},
+             {"variant": "up", "seed": 0, "samples": 0, "reward": 0.9, "status": "ok"}]
+    return rows
+
+
+def test_initial_eval_sd_by_hand():
+    # mean 0.30, deviations 0, +0.04, -0.04: variance (0.0016 + 0.0016) / 2 = 0.0016, sd 0.04
+    sd, n = R.initial_eval_sd(_results_rows(), "base")
+    assert n == 3 and sd == pytest.approx(0.04, abs=1e-12)
+    sd, n = R.initial_eval_sd(_results_rows(), "up")
+    assert n == 1 and math.isnan(sd)
+    assert R.initial_eval_sd([{k: str(v) for k, v in r.items()} for r in _results_rows()], "base")[0] == \
+        pytest.approx(0.04, abs=1e-12)   # the strings of read_csv
+
+
+def test_noise_line_printed_under_the_table(mini, capsys):
+    sweep, root = mini
+    R.write_csv(root / "mini" / "results.csv", _results_rows(), ("variant", "seed", "samples", "reward", "status"))
+    assert _main(sweep, "--output-root", root) == 0
+    lines = capsys.readouterr().out.splitlines()
+    noise = [ln for ln in lines if ln.startswith("Evaluation noise:")]
+    # sd 0.04 at 0 samples against base's final seed sd 0.04: 0.04^2 / 0.04^2 = 100%
+    assert noise == ["Evaluation noise: at 0 samples (the same initial policy, each seed's own evaluation key) the "
+                     "held-out value varies with sd 0.0400 over 3 seeds, against the baseline's final seed sd 0.0400; "
+                     "the evaluation alone is 100% of the final seed variance."]
+    assert lines.index(noise[0]) > max(i for i, ln in enumerate(lines) if ln.startswith("Power:"))
+    assert RP.noise_line([], "base", {"final_seed_sd": "0.04"}) == \
+        "Evaluation noise: not measurable (0 seeds evaluated at 0 samples)."
