@@ -294,9 +294,11 @@ class CausalLM(nnx.Module):
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
         """``h @ W_out`` in float32 (``W_out = embedding.T`` when tied).
 
-        On a mesh the product is vocab-parallel (``sharding.vocab_parallel_axes``): the rows ``h`` [N, D] are
-        gathered within each data group, ``W_out`` is split by vocab columns, each device computes its
-        ``[N, V / n]`` slice, and the logits are returned batch-split (rows over the batch axes, whole vocab).
+        16-bit compute off a mesh keeps the leading dims (``"btd,vd->btv"``), so XLA:CPU runs the weight gradient
+        as a 16-bit GEMM (as in ``layers.dense``). On a mesh the product is vocab-parallel
+        (``sharding.vocab_parallel_axes``): the rows ``h`` [N, D] are gathered within each data group, ``W_out`` is
+        split by vocab columns, each device computes its ``[N, V / n]`` slice, and the logits are returned
+        batch-split (rows over the batch axes, whole vocab).
         """
         lead, d = h.shape[:-1], h.shape[-1]
         tied = self.lm_head is None
@@ -309,6 +311,11 @@ class CausalLM(nnx.Module):
             h2 = jax.lax.with_sharding_constraint(h2, NamedSharding(mesh, PartitionSpec(row, None)))
             w = jax.lax.with_sharding_constraint(
                 w, NamedSharding(mesh, PartitionSpec(vocab, None) if tied else PartitionSpec(None, vocab)))
+        if is_low_precision(h.dtype) and vp is None and mesh is None:
+            # 16-bit GEMMs forward and backward, float32 accumulation and logits; the leading dims are kept so
+            # that XLA:CPU runs the weight gradient as a 16-bit GEMM too (``layers.dense``)
+            s = "abcefghijkl"[:len(lead)]
+            return mixed_einsum(f"{s}d,vd->{s}v" if tied else f"{s}d,dv->{s}v", h, w.astype(h.dtype), jnp.float32)
         if is_low_precision(h.dtype):  # 16-bit GEMMs forward and backward, float32 accumulation and logits
             out = mixed_einsum("nd,vd->nv" if tied else "nd,dv->nv", h2, w.astype(h.dtype), jnp.float32)
         elif tied:  # contract with the embedding's last dim: [N, D] x [V, D] -> [N, V]
