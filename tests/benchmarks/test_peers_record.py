@@ -16,7 +16,9 @@ def _rows(record=RECORD):
 
 
 # each idle run printed in benchmarks/README.md, with how many timed tool rows it holds at least
-RUNS = [(RECORD, 12), (ROOT / "results" / "peers_grpo_ppo_lora.json", 8), (ROOT / "results" / "peers_bf16.json", 6)]
+RUNS = [(RECORD, 12), (ROOT / "results" / "peers_grpo_ppo_lora.json", 8), (ROOT / "results" / "peers_bf16.json", 6),
+        (ROOT / "results" / "peers_fwdbwd_fourth.json", 6),
+        *((p, 1) for p in sorted((ROOT / "results" / "peers_bf16_ab").glob("*.json")))]
 
 
 @pytest.mark.parametrize("record,least", RUNS, ids=[r.name for r, _ in RUNS])
@@ -47,9 +49,18 @@ def test_readme_speedups_are_the_record(task, peer, quoted):
     assert quoted in (ROOT / "README.md").read_text()
 
 
-@pytest.mark.parametrize("peer,quoted", [("tunix", "0.86x Tunix"), ("trl", "0.55x TRL")])
-def test_readme_bf16_speedups_are_the_record(peer, quoted):
-    tools = _rows(ROOT / "results" / "peers_bf16.json")[("fwdbwd", "bfloat16")]
-    ratio = tools[peer]["s_per_update"] / tools["jaxppo"]["s_per_update"]
-    assert f"{ratio:.2f}x" == quoted.split()[0]
+@pytest.mark.parametrize("dtype,quoted", [("bfloat16", "1.10x Tunix / 0.66x TRL in bfloat16"),
+                                          ("float32", "1.10x Tunix / 0.85x TRL in float32")])
+def test_readme_fourth_run_speedups_are_the_record(dtype, quoted):
+    tools = _rows(ROOT / "results" / "peers_fwdbwd_fourth.json")[("fwdbwd", dtype)]
+    ratios = [tools[p]["s_per_update"] / tools["jaxppo"]["s_per_update"] for p in ("tunix", "trl")]
+    assert f"{ratios[0]:.2f}x Tunix / {ratios[1]:.2f}x TRL in {dtype}" == quoted
     assert quoted in (ROOT / "README.md").read_text()
+
+
+def test_ab_runs_are_one_row_of_each_commit():
+    """The A/B files are the jaxppo-only bfloat16 fwd+bwd of three commits, two rounds each, same loss."""
+    files = sorted((ROOT / "results" / "peers_bf16_ab").glob("*.json"))
+    assert sorted(f.stem for f in files) == [f"{c}_round{k}" for c in ("000fc0c", "09ad7cd", "ef016b2") for k in (1, 2)]
+    losses = {round(_rows(f)[("fwdbwd", "bfloat16")]["jaxppo"]["loss"], 6) for f in files}
+    assert len(losses) == 1
