@@ -162,6 +162,12 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, out_dtype=None) -> jax.A
     return _mixed_einsum(spec, a, b, out_dtype)
 
 
+def lead_subscripts(ndim: int) -> str:
+    """Einsum letters for ``ndim`` leading (batch) dims, none of them ``d``: keeping them in a 16-bit product
+    lets XLA:CPU run its weight gradient as a 16-bit GEMM (``dense``)."""
+    return "abcefghijkl"[:ndim]
+
+
 def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x`` [..., D] times ``w`` [D, *out] -> [..., *out]; accumulates in float32, returns ``x.dtype``.
 
@@ -173,7 +179,7 @@ def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     """
     lead, d, out = x.shape[:-1], x.shape[-1], w.shape[1:]
     if is_low_precision(x.dtype):
-        s = "abcefghijkl"[:len(lead)]
+        s = lead_subscripts(len(lead))
         return mixed_einsum(f"{s}d,dm->{s}m", x, w.reshape(d, -1)).reshape(*lead, *out)
     y = jnp.dot(x.reshape(-1, d), w.reshape(d, -1), preferred_element_type=jnp.float32)
     return y.astype(x.dtype).reshape(*lead, *out)

@@ -23,8 +23,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxppo.models.config import LMConfig
 from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, init_adapters, quantize_stacked
 from jaxppo.models.lora_dropout import Drop, layer_keys
-from jaxppo.models.layers import (apply_rope, attention, attention_allowed, is_low_precision, make_param, mixed_einsum,
-                                  out_proj, positions_from_mask, qkv, rms_norm, rope_cos_sin, swiglu)
+from jaxppo.models.layers import (apply_rope, attention, attention_allowed, is_low_precision, lead_subscripts,
+                                  make_param, mixed_einsum, out_proj, positions_from_mask, qkv, rms_norm, rope_cos_sin,
+                                  swiglu)
 from jaxppo.models.sharding import constrain_batch, mesh_of, vocab_parallel_axes
 
 
@@ -304,6 +305,9 @@ class CausalLM(nnx.Module):
         tied = self.lm_head is None
         w = _frozen(self.model.embed[...] if tied else self.lm_head[...], self.config.lora)
         mesh = mesh_of(w)
+        if mesh is None and is_low_precision(h.dtype):  # leading dims kept: 16-bit weight gradient (layers.dense)
+            s = lead_subscripts(len(lead))
+            return mixed_einsum(f"{s}d,vd->{s}v" if tied else f"{s}d,dv->{s}v", h, w.astype(h.dtype), jnp.float32)
         h2 = constrain_batch(h, mesh).reshape(-1, d)
         vp = vocab_parallel_axes(mesh, h2.shape[0], w.shape[0] if tied else w.shape[1])
         if vp is not None:
@@ -311,11 +315,6 @@ class CausalLM(nnx.Module):
             h2 = jax.lax.with_sharding_constraint(h2, NamedSharding(mesh, PartitionSpec(row, None)))
             w = jax.lax.with_sharding_constraint(
                 w, NamedSharding(mesh, PartitionSpec(vocab, None) if tied else PartitionSpec(None, vocab)))
-        if is_low_precision(h.dtype) and vp is None and mesh is None:
-            # 16-bit GEMMs forward and backward, float32 accumulation and logits; the leading dims are kept so
-            # that XLA:CPU runs the weight gradient as a 16-bit GEMM too (``layers.dense``)
-            s = "abcefghijkl"[:len(lead)]
-            return mixed_einsum(f"{s}d,vd->{s}v" if tied else f"{s}d,dv->{s}v", h, w.astype(h.dtype), jnp.float32)
         if is_low_precision(h.dtype):  # 16-bit GEMMs forward and backward, float32 accumulation and logits
             out = mixed_einsum("nd,vd->nv" if tied else "nd,dv->nv", h2, w.astype(h.dtype), jnp.float32)
         elif tied:  # contract with the embedding's last dim: [N, D] x [V, D] -> [N, V]
