@@ -64,3 +64,9 @@ def test_ab_runs_are_one_row_of_each_commit():
     assert sorted(f.stem for f in files) == [f"{c}_round{k}" for c in ("000fc0c", "09ad7cd", "ef016b2") for k in (1, 2)]
     losses = {round(_rows(f)[("fwdbwd", "bfloat16")]["jaxppo"]["loss"], 6) for f in files}
     assert len(losses) == 1
+
+
+def test_readme_bf16_over_float32_is_the_fourth_run():
+    rows = _rows(ROOT / "results" / "peers_fwdbwd_fourth.json")
+    ratio = rows[("fwdbwd", "float32")]["jaxppo"]["s_per_update"] / rows[("fwdbwd", "bfloat16")]["jaxppo"]["s_per_update"]
+    assert f"model fwd+bwd {ratio:.2f}x float32 in the fourth peers run" in (ROOT / "README.md").read_text()
