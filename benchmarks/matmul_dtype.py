@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import machine  # benchmarks/machine.py (run from benchmarks/ or with it on sys.path)
 
 # (name, M, K, N, transpose_lhs, transpose_rhs): C[M, N] = op(A) @ op(B), op = transpose where flagged
 N_TOK, D, F, V = 1024, 576, 1536, 49152
@@ -136,7 +137,7 @@ def main(argv=None) -> dict:
         g = {k: runs[k]["gemms"][nm]["gflops"] for k in runs}
         print(f"{nm:<18}{g['jax:float32']:>10.0f}{g['jax:bfloat16']:>10.0f}{ratio['jax'][nm]:>6.2f}"
               f"{g['torch:float32']:>11.0f}{g['torch:bfloat16']:>11.0f}{ratio['torch'][nm]:>6.2f}")
-    res = {"n": args.n, "repeats": args.repeats, "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    res = {"n": args.n, "repeats": args.repeats, "machine": machine.describe(),
            "runs": runs, "speedup_bf16_over_f32": ratio}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -40,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import machine  # benchmarks/machine.py (run from benchmarks/ or with it on sys.path)
 
 import numpy as np
 
@@ -200,7 +201,7 @@ def main(argv=None) -> dict:
                       "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "scan_layers": args.scan_layers,
                       "unrolled": runs[dtypes[0], "jax"][0]["unrolled"] if "jax" in fws else None,
                       "processes": "one per framework and dtype", "rounds": args.rounds, "repeats": args.repeats},
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+           "machine": {**machine.describe(),
                        **{fw: runs[dtypes[0], fw][0]["version"] for fw in fws}},
            "model_flops_per_step": flops}
 

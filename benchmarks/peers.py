@@ -36,7 +36,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import machine  # noqa: E402  benchmarks/machine.py
 DRIVERS = HERE / "peers"
 TOOLS = ("jaxppo", "tunix", "trl")
 TASKS = ("fwdbwd", "dpo", "grpo", "ppo", "lora")
@@ -238,7 +239,7 @@ def main(argv=None) -> dict:
                      "speedups": speedups(recs, check)})
     total = time.perf_counter() - t_start
     res = {"date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+           "machine": machine.describe(),
            "layers": layers, "repeats": repeats, "rope_theta": 1e6, "shapes": SHAPES, "hparams": HPARAMS,
            "loss_tolerance_abs": LOSS_TOL, "total_wall_s": total, "rows": rows}
     print_table(rows)
