@@ -145,16 +145,27 @@ class LMConfig:
     @property
     def unroll_layers(self) -> bool:
         """Whether the layer stack is unrolled: ``not scan_layers``; for "auto", True when the default JAX
-        backend is the CPU (read at trace time) and the model has at most ``AUTO_UNROLL_MAX_LAYERS`` layers.
+        backend is the CPU (read at trace time) and either the model has at most ``AUTO_UNROLL_MAX_LAYERS`` layers
+        or its compute dtype is 16-bit (any depth).
 
-        Measured on the 2-core CPU (loaded, process CPU time), SmolLM2-135M shape: unrolled fwd+bwd at 8x128 is
+        16-bit compute on the CPU: XLA:CPU (jax 0.10.2) has no bfloat16 ``dynamic-update-slice``, so inside a
+        scanned stack every 16-bit residual the backward needs (activations, the layer's cast weights), and every
+        16-bit stacked gradient, is written per iteration as convert(whole [L, ...] buffer) -> float32 update ->
+        convert back: a cost that grows with L per layer. Measured (``benchmarks/README.md``, "Scan or unroll in
+        bfloat16"), SmolLM2-135M shape, 30 layers, 8x128 fwd+bwd, one process: bf16 scanned 5.68 s, unrolled
+        3.89 s (float32 scanned 6.20 s); compile 10.2 s vs 15.7 s. float32 gains nothing from unrolling
+        (6.12 s scanned vs 6.31 s unrolled), so deep float32 models keep the scan.
+
+        Earlier, float32 (2-core CPU, loaded, process CPU time), SmolLM2-135M shape: unrolled fwd+bwd at 8x128 was
         ~7% cheaper per step (9.3 s vs 10.0 s) and a 64x16+16 sampled decode ~5% (6.5 s vs 6.8 s), but the
         30-layer programs compile ~10-15 s longer each (37 s vs 27 s, 40 s vs 25 s); at 4 layers compile times
         are equal. So deep models keep the scan (a short run compiles several programs), shallow ones unroll.
         """
         if self.scan_layers == "auto":
             import jax
-            return self.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS and jax.default_backend() == "cpu"
+            if jax.default_backend() != "cpu":
+                return False
+            return self.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS or self.compute_dtype in ("bfloat16", "float16")
         return not self.scan_layers
 
     @property

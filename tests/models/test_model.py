@@ -150,8 +150,14 @@ def test_unroll_layers_rule(monkeypatch):
     n = config_mod.AUTO_UNROLL_MAX_LAYERS
     assert tiny_config("llama", num_hidden_layers=n).unroll_layers is True  # tests run on the CPU backend
     assert tiny_config("llama", num_hidden_layers=n + 1).unroll_layers is False
+    # 16-bit compute unrolls at any depth on the CPU (no bf16 dynamic-update-slice there: a scanned stack's
+    # residual writes are whole-buffer float32 round trips), unless scan_layers=True says otherwise
+    for dt in ("bfloat16", "float16"):
+        assert tiny_config("llama", num_hidden_layers=n + 1, compute_dtype=dt).unroll_layers is True
+        assert tiny_config("llama", num_hidden_layers=n + 1, compute_dtype=dt, scan_layers=True).unroll_layers is False
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert tiny_config("llama", num_hidden_layers=2).unroll_layers is False
+    assert tiny_config("llama", num_hidden_layers=2, compute_dtype="bfloat16").unroll_layers is False
 
 
 def test_attention_kv_heads_first_layout_matches_numpy():
