@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from jaxppo.hf.mapping import check_names_and_shapes, expected_names, tensor_maps
 from jaxppo.hf.safetensors_io import SafetensorsFile
-from jaxppo.models.config import LMConfig
+from jaxppo.models.config import LMConfig, default_scan_layers
 from jaxppo.models.sharding import mesh_spec
 from jaxppo.models.transformer import CausalLM
 
@@ -154,16 +154,19 @@ def load_weights(model: CausalLM, source: TensorSource, *, mesh: Mesh | None = N
 
 
 def load_pretrained(path: str | Path, *, dtype=jnp.float32, compute_dtype=None, mesh: Mesh | None = None,
-                    rules: Mapping | None = None, remat: bool = False, scan_layers: bool = True) -> CausalLM:
+                    rules: Mapping | None = None, remat: bool = False,
+                    scan_layers: bool | str | None = None) -> CausalLM:
     """A ``CausalLM`` with the weights of a HF directory (``config.json`` + safetensors) or a ``.gguf`` file.
 
     ``dtype``: parameter dtype; ``compute_dtype``: activation dtype (default ``dtype``). With ``mesh``
     every parameter is placed on it following its logical axes and ``rules`` (``jaxppo.parallel``).
+    ``scan_layers``: ``LMConfig.scan_layers``; None: ``models.config.default_scan_layers`` of the compute dtype
+    (float32 scans; 16-bit unrolls on the CPU).
     """
     source = open_source(path)
-    cfg = LMConfig.from_hf(source.config_dict(), param_dtype=_dtype_name(dtype),
-                           compute_dtype=_dtype_name(compute_dtype if compute_dtype is not None else dtype),
-                           remat=remat, scan_layers=scan_layers)
+    compute = _dtype_name(compute_dtype if compute_dtype is not None else dtype)
+    cfg = LMConfig.from_hf(source.config_dict(), param_dtype=_dtype_name(dtype), compute_dtype=compute, remat=remat,
+                           scan_layers=default_scan_layers(compute) if scan_layers is None else scan_layers)
     model = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
     return load_weights(model, source, mesh=mesh, rules=rules, where=str(path))
 

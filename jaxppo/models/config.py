@@ -23,6 +23,13 @@ ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
 AUTO_UNROLL_MAX_LAYERS = 8  # scan_layers="auto" unrolls up to this depth on CPU (compile time grows with depth)
 
+
+def default_scan_layers(compute_dtype: str) -> bool | str:
+    """``scan_layers`` for a model loaded without one (``hf.load_pretrained``, the trainers' ``lm_config``):
+    ``True`` (a scanned stack: compile time independent of depth) for float32 compute, ``"auto"`` for 16-bit
+    compute, which unrolls on the CPU at any depth (``LMConfig.unroll_layers`` says why) and scans elsewhere."""
+    return "auto" if str(compute_dtype) in ("bfloat16", "float16") else True
+
 # class defaults of transformers' configs, used when a config.json omits the field
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=2048,

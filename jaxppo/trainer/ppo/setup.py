@@ -256,9 +256,10 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
 def lm_config(hf_config: dict, model_cfg: Any):
     """The ``LMConfig`` that ``load_pretrained`` builds for ``config.json`` contents and ``cfg.model``."""
     from jaxppo.models import LMConfig
+    from jaxppo.models.config import default_scan_layers
 
     return LMConfig.from_hf(hf_config, param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.compute_dtype,
-                            remat=model_cfg.remat, scan_layers=True)
+                            remat=model_cfg.remat, scan_layers=default_scan_layers(model_cfg.compute_dtype))
 
 
 def _with_shardings(params, mesh, rules):
