@@ -158,10 +158,11 @@ class LMConfig:
         16-bit compute on the CPU: XLA:CPU (jax 0.10.2) has no bfloat16 ``dynamic-update-slice``, so inside a
         scanned stack every 16-bit residual the backward needs (activations, the layer's cast weights), and every
         16-bit stacked gradient, is written per iteration as convert(whole [L, ...] buffer) -> float32 update ->
-        convert back: a cost that grows with L per layer. Measured (``benchmarks/README.md``, "Scan or unroll in
-        bfloat16"), SmolLM2-135M shape, 30 layers, 8x128 fwd+bwd, one process: bf16 scanned 5.68 s, unrolled
-        3.89 s (float32 scanned 6.20 s); compile 10.2 s vs 15.7 s. float32 gains nothing from unrolling
-        (6.12 s scanned vs 6.31 s unrolled), so deep float32 models keep the scan.
+        convert back: a cost that grows with L per layer. Measured (``benchmarks/model_dtype_pair.py``,
+        ``results/model_dtype_pair_layouts.json``; ``benchmarks/README.md``, "Scan or unroll in bfloat16"),
+        SmolLM2-135M shape, 30 layers, 8x128 fwd+bwd, one process, medians: bf16 scanned 6.25 s, unrolled 4.00 s
+        (compile + first call 10.8 s vs 15.8 s); float32 scanned 6.90 s, unrolled 6.75 s (no gain worth the
+        longer compile), so deep float32 models keep the scan.
 
         Earlier, float32 (2-core CPU, loaded, process CPU time), SmolLM2-135M shape: unrolled fwd+bwd at 8x128 was
         ~7% cheaper per step (9.3 s vs 10.0 s) and a 64x16+16 sampled decode ~5% (6.5 s vs 6.8 s), but the

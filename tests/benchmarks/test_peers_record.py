@@ -15,9 +15,11 @@ def _rows(record=RECORD):
     return {(r["task"], r["dtype"]): r["tools"] for r in d["rows"]}
 
 
+FIFTH_PATH = ROOT / "results" / "peers_fifth.json"
+BF16_PATH = ROOT / "results" / "peers_bf16_unrolled.json"
 # each idle run printed in benchmarks/README.md, with how many timed tool rows it holds at least
 RUNS = [(RECORD, 12), (ROOT / "results" / "peers_grpo_ppo_lora.json", 8), (ROOT / "results" / "peers_bf16.json", 6),
-        (ROOT / "results" / "peers_fwdbwd_fourth.json", 6),
+        (ROOT / "results" / "peers_fwdbwd_fourth.json", 6), (FIFTH_PATH, 20), (BF16_PATH, 11),
         *((p, 1) for p in sorted((ROOT / "results" / "peers_bf16_ab").glob("*.json")))]
 
 
@@ -38,24 +40,44 @@ def test_benchmarks_readme_table_is_the_record(record, least):
     assert n >= least
 
 
-@pytest.mark.parametrize("task,peer,quoted", [("fwdbwd", "tunix", "1.12x"), ("fwdbwd", "trl", "1.47x"),
-                                              ("dpo", "tunix", "1.38x"), ("dpo", "trl", "2.38x"),
-                                              ("grpo", "tunix", "1.36x"), ("grpo", "trl", "1.71x"),
-                                              ("ppo", "tunix", "1.20x")])
-def test_readme_speedups_are_the_record(task, peer, quoted):
-    tools = _rows()[(task, "float32")]
-    ratio = tools[peer]["s_per_update"] / tools["jaxppo"]["s_per_update"]
-    assert f"{ratio:.2f}x" == quoted
-    assert quoted in (ROOT / "README.md").read_text()
+FIFTH, BF16_UNROLLED = FIFTH_PATH, BF16_PATH
 
 
-@pytest.mark.parametrize("dtype,quoted", [("bfloat16", "1.10x Tunix / 0.66x TRL in bfloat16"),
-                                          ("float32", "1.10x Tunix / 0.85x TRL in float32")])
-def test_readme_fourth_run_speedups_are_the_record(dtype, quoted):
-    tools = _rows(ROOT / "results" / "peers_fwdbwd_fourth.json")[("fwdbwd", dtype)]
-    ratios = [tools[p]["s_per_update"] / tools["jaxppo"]["s_per_update"] for p in ("tunix", "trl")]
-    assert f"{ratios[0]:.2f}x Tunix / {ratios[1]:.2f}x TRL in {dtype}" == quoted
-    assert quoted in (ROOT / "README.md").read_text()
+_F32 = [("fwdbwd", "tunix"), ("fwdbwd", "trl"), ("dpo", "tunix"), ("dpo", "trl"), ("grpo", "tunix"), ("grpo", "trl"),
+        ("ppo", "tunix")]
+
+
+@pytest.mark.parametrize("record,dtype,pairs,template", [
+    (FIFTH, "float32", _F32, "forward+backward {} Tunix\n/ {} TRL, DPO {} / {}, GRPO {} / {}, PPO {} Tunix"),
+    (FIFTH, "float32", [("lora", "tunix"), ("lora", "trl")], "LoRA-DPO {} / {}"),
+    (BF16_UNROLLED, "bfloat16", _F32, "forward+backward {} / {}, DPO {} / {}, GRPO {} / {},\nPPO {} Tunix")])
+def test_readme_speedups_are_the_record(record, dtype, pairs, template):
+    """The README's ratios for a run are that run's peer time / jaxppo time (s per update), row by row."""
+    rows = _rows(record)
+    ratios = [f"{rows[(t, dtype)][p]['s_per_update'] / rows[(t, dtype)]['jaxppo']['s_per_update']:.2f}x"
+              for t, p in pairs]
+    assert template.format(*ratios) in (ROOT / "README.md").read_text()
+
+
+def test_bf16_rows_meet_the_update_targets_after_the_unroll():
+    """benchmarks/README.md says every bf16 update is >= 1.5x Tunix and >= 1.3x TRL in the sixth run."""
+    for (task, dtype), tools in _rows(BF16_UNROLLED).items():
+        if task == "fwdbwd":
+            continue
+        j = tools["jaxppo"]["s_per_update"]
+        assert tools["tunix"]["s_per_update"] / j >= 1.5
+        if tools["trl"].get("s_per_update") is not None:
+            assert tools["trl"]["s_per_update"] / j >= 1.3
+
+
+def test_readme_bf16_over_float32_is_the_layout_run():
+    d = json.loads((ROOT / "results" / "model_dtype_pair_layouts.json").read_text())
+    ratio = d["float32:scan"]["median"] / d["bfloat16:unroll"]["median"]
+    assert d["bfloat16:unroll"]["unrolled"] and not d["float32:scan"]["unrolled"]
+    assert f"runs the model fwd+bwd {ratio:.2f}x float32" in (ROOT / "README.md").read_text()
+    table = (ROOT / "benchmarks" / "README.md").read_text()
+    for name, label in (("float32:scan", "float32, scanned"), ("bfloat16:unroll", "bfloat16, unrolled")):
+        assert re.search(rf"\| {label} \| {d[name]['compile_and_first_s']:.1f} \| \**{d[name]['median']:.2f}\**", table)
 
 
 def test_ab_runs_are_one_row_of_each_commit():
@@ -64,9 +86,3 @@ def test_ab_runs_are_one_row_of_each_commit():
     assert sorted(f.stem for f in files) == [f"{c}_round{k}" for c in ("000fc0c", "09ad7cd", "ef016b2") for k in (1, 2)]
     losses = {round(_rows(f)[("fwdbwd", "bfloat16")]["jaxppo"]["loss"], 6) for f in files}
     assert len(losses) == 1
-
-
-def test_readme_bf16_over_float32_is_the_fourth_run():
-    rows = _rows(ROOT / "results" / "peers_fwdbwd_fourth.json")
-    ratio = rows[("fwdbwd", "float32")]["jaxppo"]["s_per_update"] / rows[("fwdbwd", "bfloat16")]["jaxppo"]["s_per_update"]
-    assert f"model fwd+bwd {ratio:.2f}x float32 in the fourth peers run" in (ROOT / "README.md").read_text()
