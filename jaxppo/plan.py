@@ -33,7 +33,9 @@ devices), never from hand arithmetic:
   ``mesh.fsdp × mesh.tensor`` (an even split of the weights). Measured on the H200: see launch/README.md.
 
 The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
-plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports. That
+plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports: with
+16-bit compute the CPU unrolls the layer stack (``LMConfig.unroll_layers``, as a CPU run would) where an accelerator
+scans it, so a CPU plan's ``temp_bytes`` of a 16-bit accelerator config describe the unrolled programs. That
 mesh is the GLOBAL one of a multi-host run (``launch/multihost.py``: ``mesh.data × mesh.fsdp × mesh.tensor`` counts
 the devices of all hosts): run the plan in one process, and its per-device bytes are what each chip holds.
 """
