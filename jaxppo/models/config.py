@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, str] = {
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
+LOW_PRECISION = ("bfloat16", "float16")  # the 16-bit compute dtypes (unrolled on the CPU, LMConfig.unroll_layers)
 AUTO_UNROLL_MAX_LAYERS = 8  # scan_layers="auto" unrolls up to this depth on CPU (compile time grows with depth)
 
 
@@ -28,7 +29,7 @@ def default_scan_layers(compute_dtype: str) -> bool | str:
     """``scan_layers`` for a model loaded without one (``hf.load_pretrained``, the trainers' ``lm_config``):
     ``True`` (a scanned stack: compile time independent of depth) for float32 compute, ``"auto"`` for 16-bit
     compute, which unrolls on the CPU at any depth (``LMConfig.unroll_layers`` says why) and scans elsewhere."""
-    return "auto" if str(compute_dtype) in ("bfloat16", "float16") else True
+    return "auto" if str(compute_dtype) in LOW_PRECISION else True
 
 # class defaults of transformers' configs, used when a config.json omits the field
 _HF_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -173,7 +174,7 @@ class LMConfig:
             import jax
             if jax.default_backend() != "cpu":
                 return False
-            return self.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS or self.compute_dtype in ("bfloat16", "float16")
+            return self.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS or self.compute_dtype in LOW_PRECISION
         return not self.scan_layers
 
     @property
