@@ -50,13 +50,24 @@ def best_of(fn, n: int = 3) -> float:
     return best
 
 
+def dot_count(jitted, *args) -> int:
+    """Dot products left in ``jitted``'s compiled program for ``args`` (XLA deletes a product whose result is
+    unused, so this is what a timing of it really runs)."""
+    return jitted.lower(*args).compile().as_text().count(" dot(")
+
+
 def _vjp_call(f, *args):
     """Jitted forward + VJP of ``f`` (cotangent ones of the output's dtype): the forward product and both
-    backward products, as they lower inside a training step."""
+    backward products, as they lower inside a training step. The forward output is returned too: unused, XLA
+    would delete the forward product and the timing would miss a third of the GEMMs (it did until 5 Dec 2026)."""
     def run(*a):
         y, pull = jax.vjp(f, *a)
-        return pull(jnp.ones_like(y))
+        return y, pull(jnp.ones_like(y))
     j = jax.jit(run)
+    n = dot_count(j, *args)
+    if n != 3:
+        raise RuntimeError(f"model_layer: the compiled forward + VJP of {getattr(f, '__name__', f)!r} has {n} dot "
+                           "products, not 3 (forward, input gradient, weight gradient)")
     return lambda: jax.block_until_ready(j(*args))
 
 
