@@ -38,8 +38,10 @@ def parse_cpuinfo(text: str) -> dict:
 
 
 def describe(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
-    """cpus, platform and (on Linux) ``parse_cpuinfo`` of this machine, plus the 1/5/15-min load average now."""
-    info = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    """cpus, platform and (on Linux) ``parse_cpuinfo`` of this machine, the ``XLA_FLAGS`` in effect (None when
+    unset: XLA's defaults; the scheduler flag changes a step's memory by a fifth, benchmarks/README.md), plus the
+    1/5/15-min load average now."""
+    info = {"cpus": os.cpu_count(), "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS")}
     try:
         info.update(parse_cpuinfo(Path(cpuinfo).read_text()))
     except OSError:

@@ -42,3 +42,10 @@ def test_describe_reads_a_given_file(tmp_path):
     f.write_text(CPUINFO)
     got = machine.describe(f)
     assert got["cpu_family"] == 25 and got["simd"][-1] == "avx512_bf16" and len(got["loadavg"]) == 3
+
+
+def test_describe_records_the_xla_flags_in_effect(tmp_path, monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert machine.describe(tmp_path / "missing")["xla_flags"] is None
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    assert machine.describe(tmp_path / "missing")["xla_flags"] == "--xla_cpu_enable_concurrency_optimized_scheduler=false"

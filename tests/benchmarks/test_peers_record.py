@@ -20,6 +20,7 @@ BF16_PATH = ROOT / "results" / "peers_bf16_unrolled.json"
 # each idle run printed in benchmarks/README.md, with how many timed tool rows it holds at least
 RUNS = [(RECORD, 12), (ROOT / "results" / "peers_grpo_ppo_lora.json", 8), (ROOT / "results" / "peers_bf16.json", 6),
         (ROOT / "results" / "peers_fwdbwd_fourth.json", 6), (FIFTH_PATH, 20), (BF16_PATH, 11),
+        (ROOT / "results" / "peers_ppo_scheduler_default.json", 4), (ROOT / "results" / "peers_ppo_scheduler_dfs.json", 4),
         *((p, 1) for p in sorted((ROOT / "results" / "peers_bf16_ab").glob("*.json")))]
 
 
@@ -86,3 +87,48 @@ def test_ab_runs_are_one_row_of_each_commit():
     assert sorted(f.stem for f in files) == [f"{c}_round{k}" for c in ("000fc0c", "09ad7cd", "ef016b2") for k in (1, 2)]
     losses = {round(_rows(f)[("fwdbwd", "bfloat16")]["jaxppo"]["loss"], 6) for f in files}
     assert len(losses) == 1
+
+
+def test_scheduler_section_is_the_two_ppo_runs():
+    """benchmarks/README.md's scheduler section: the flagged run's peak RSS and time against the default run's."""
+    runs = {k: json.loads((ROOT / "results" / f"peers_ppo_scheduler_{k}.json").read_text()) for k in ("default", "dfs")}
+    assert runs["default"]["machine"]["xla_flags"] is None
+    assert runs["dfs"]["machine"]["xla_flags"] == "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+    r = {k: _rows_of(v) for k, v in runs.items()}
+    get = lambda k, dt, tool, f: r[k][("ppo", dt)][tool][f]  # noqa: E731
+    cut = lambda dt, tool: f"{100 * (1 - get('dfs', dt, tool, 'peak_rss_mb') / get('default', dt, tool, 'peak_rss_mb')):.0f}%"  # noqa: E731,E501
+    text = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    assert f"needs {cut('float32', 'jaxppo')} (float32) and {cut('bfloat16', 'jaxppo')} (bfloat16) less peak memory" in text
+    sec = lambda dt: f"{get('dfs', dt, 'jaxppo', 's_per_update'):.2f} vs {get('default', dt, 'jaxppo', 's_per_update'):.2f} s"  # noqa: E731,E501
+    assert f"is no slower ({sec('float32')}, {sec('bfloat16')})" in text
+    assert f"Tunix's drops {cut('float32', 'tunix')} and {cut('bfloat16', 'tunix')}" in text
+    mib = lambda k, tool: f"{get(k, 'bfloat16', tool, 'peak_rss_mb'):.0f}"  # noqa: E731
+    assert f"below Tunix's ({mib('dfs', 'jaxppo')} vs {mib('dfs', 'tunix')} MiB)" in text
+    over = get("default", "bfloat16", "jaxppo", "peak_rss_mb") / get("default", "bfloat16", "tunix", "peak_rss_mb") - 1
+    assert f"stays {100 * over:.1f}% above ({mib('default', 'jaxppo')} vs {mib('default', 'tunix')} MiB)" in text
+    for k in runs:   # equal losses, both times
+        for dt in ("float32", "bfloat16"):
+            assert runs[k]["rows"] and all(row["check"]["agree"]["tunix"] for row in runs[k]["rows"])
+            assert get("dfs", dt, "jaxppo", "loss") == get("default", dt, "jaxppo", "loss")
+
+
+def _rows_of(d):
+    return {(row["task"], row["dtype"]): row["tools"] for row in d["rows"]}
+
+
+def test_scheduler_table_of_jaxppo_rows_is_the_two_runs():
+    runs = {k: json.loads((ROOT / "results" / f"peers_jaxppo_scheduler_{k}.json").read_text()) for k in ("default", "dfs")}
+    assert runs["default"]["machine"]["xla_flags"] is None
+    assert runs["dfs"]["machine"]["xla_flags"] == "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+    r = {k: _rows_of(v) for k, v in runs.items()}
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    n = 0
+    for (task, dtype), tools in r["default"].items():
+        a, b = tools["jaxppo"], r["dfs"][(task, dtype)]["jaxppo"]
+        assert a["loss"] == b["loss"]   # the schedule reorders work, it does not change the arithmetic
+        row = (f"| {task} | {dtype} | {a['s_per_update']:.3f} | {b['s_per_update']:.3f} | "
+               f"{100 * (b['s_per_update'] / a['s_per_update'] - 1):+.0f}% | {a['peak_rss_mb']:.0f} | "
+               f"{b['peak_rss_mb']:.0f} | {100 * (b['peak_rss_mb'] / a['peak_rss_mb'] - 1):+.0f}% |")
+        assert row in text, row
+        n += 1
+    assert n == 6
