@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,12 +102,25 @@ def signature_diff(stored: dict[str, tuple], expected: dict[str, tuple], limit: 
 _ORBAX_LOGGERS = ("absl", "concurrent.futures", "asyncio")
 
 
+#: step directories this process has reported as damaged (``CheckpointDamagedError``); Orbax's abandoned reads of
+#: their files keep failing after the restore raised, and those late errors name the files
+_REPORTED_DAMAGED: set[str] = set()
+
+
 def _closed_loop_error(err: BaseException | None) -> bool:
-    return isinstance(err, RuntimeError) and "Event loop is closed" in str(err)
+    """An error to drop after a failed restore: a ``RuntimeError('Event loop is closed')`` of a cancelled read, or a
+    read error naming a file of a checkpoint already reported as damaged (asyncio logs each abandoned read task's
+    error as "Task exception was never retrieved" when the task is collected, after the restore has raised)."""
+    if err is None:
+        return False
+    if isinstance(err, RuntimeError) and "Event loop is closed" in str(err):
+        return True
+    text = str(err)
+    return any(d in text for d in _REPORTED_DAMAGED)
 
 
 class _ClosedLoopFilter(logging.Filter):
-    """Drops log records that carry a ``RuntimeError('Event loop is closed')``."""
+    """Drops log records that carry an error :func:`_closed_loop_error` holds back."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.exc_info and _closed_loop_error(record.exc_info[1]))
@@ -132,7 +146,9 @@ def _hold_back_closed_loop_errors() -> None:
     ``RuntimeError('Event loop is closed')`` surfaces as a bare traceback on stderr, later than the restore call:
     through ``sys.unraisablehook`` ("Exception ignored in ..."), ``sys.excepthook`` / ``threading.excepthook`` (a
     native callback thread printing it) or the ``concurrent.futures`` / ``asyncio`` loggers ("exception calling
-    callback ..."). Drop exactly those errors; everything else reaches the previous hook or handler."""
+    callback ..."); the reads that failed on the damaged files report their own errors the same ways when asyncio
+    collects their tasks ("Task exception was never retrieved"). Drop exactly those errors
+    (:func:`_closed_loop_error`); everything else reaches the previous hook or handler."""
     import sys
     import threading
 
@@ -290,7 +306,11 @@ class Checkpointer:
                 return out.state, dict(out.meta)
             except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
                 _join_restore_barrier()
-                raise self._classify(int(step), like, e) from e
+                err = self._classify(int(step), like, e)
+                if isinstance(err, CheckpointDamagedError):   # as the late errors spell it: absolute, maybe resolved
+                    d = Path(self.directory) / str(step)
+                    _REPORTED_DAMAGED.update({os.path.abspath(d) + os.sep, str(d.resolve()) + os.sep})
+                raise err from e
 
     @staticmethod
     def materialise(raw: Any, like: Any) -> Any:
