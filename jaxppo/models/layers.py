@@ -9,7 +9,7 @@ Shapes: ``B`` batch, ``T`` query length, ``S`` key length, ``D`` hidden, ``H`` q
 from __future__ import annotations
 
 from functools import partial
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +102,49 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum(f"bkgts,{kv}->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
+
+
+class SharedPrefixMask(NamedTuple):
+    """What attention may see in the shared-prefix layout (``shared_prefix_attention``): each of ``G`` rows is a
+    prompt of ``P`` slots followed by ``n`` responses of ``R`` slots each, every response continuing the same prompt.
+    ``prompt`` [G, P, P] bool (the prompt's own causal mask), ``response`` [G·n, R, P+R] bool (response ``j`` of
+    row ``g`` is row ``g·n + j``: its keys are the prompt's P slots, then its own R)."""
+
+    prompt: jax.Array
+    response: jax.Array
+
+
+def shared_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: SharedPrefixMask) -> jax.Array:
+    """Attention of ``n`` continuations of one prompt that runs the prompt once.
+
+    ``q`` [G, P+n·R, H, hd], ``k``/``v`` [G, P+n·R, K, hd] in the layout of ``SharedPrefixMask``. The prompt's
+    queries attend to the prompt (``attention`` with ``allowed.prompt``); the queries of response ``j`` attend to
+    ``concat(prompt keys, response j's keys)`` (``allowed.response``), which are the keys, in the same order, that
+    the row ``concat(prompt, response_j)`` gives them, so each output equals that row's. Returns [G, P+n·R, H, hd].
+    """
+    g, t, h, hd = q.shape
+    p = allowed.prompt.shape[-1]
+    r = allowed.response.shape[1]
+    n = (t - p) // r
+    if p + n * r != t or allowed.response.shape[0] != g * n:
+        raise ValueError(f"shared_prefix_attention: {t} slots are not a prompt of {p} and {g * n // max(g, 1)} "
+                         f"responses of {r}")
+
+    def split(a):  # [G, P+nR, ., hd] -> prompt [G, P, ., hd], responses [G·n, R, ., hd]
+        return a[:, :p], a[:, p:].reshape(g * n, r, *a.shape[2:])
+
+    qp, qr = split(q)
+    kp, kr = split(k)
+    vp, vr = split(v)
+
+    def with_prompt(prompt_part, own):  # [G·n, P+R, K, hd]: the prompt's keys/values ahead of each response's own
+        shape = prompt_part.shape[1:]
+        rep = jnp.broadcast_to(prompt_part[:, None], (g, n) + shape).reshape(g * n, *shape)
+        return jnp.concatenate([rep, own], axis=1)
+
+    op = attention(qp, kp, vp, allowed.prompt)
+    o_r = attention(qr, with_prompt(kp, kr), with_prompt(vp, vr), allowed.response)
+    return jnp.concatenate([op, o_r.reshape(g, n * r, h, hd)], axis=1)
 
 
 def is_low_precision(dtype) -> bool:

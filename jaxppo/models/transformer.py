@@ -23,9 +23,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxppo.models.config import LMConfig
 from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, init_adapters, quantize_stacked
 from jaxppo.models.lora_dropout import Drop, layer_keys
-from jaxppo.models.layers import (apply_rope, attention, attention_allowed, is_low_precision, lead_subscripts,
-                                  make_param, mixed_einsum, out_proj, positions_from_mask, qkv, rms_norm, rope_cos_sin,
-                                  swiglu)
+from jaxppo.models.layers import (SharedPrefixMask, apply_rope, attention, attention_allowed, is_low_precision,
+                                  lead_subscripts, make_param, mixed_einsum, out_proj, positions_from_mask, qkv, rms_norm,
+                                  rope_cos_sin, shared_prefix_attention, swiglu)
 from jaxppo.models.sharding import constrain_batch, mesh_of, vocab_parallel_axes
 
 
@@ -96,6 +96,8 @@ def _layer(cfg: LMConfig, p: dict, x, cos, sin, allowed, cache=None, index=None,
             k, v = k_buf[layer], v_buf[layer]
         o = attention(q, k, v, allowed, kv_heads_first=True)
         cache = (k_buf, v_buf)
+    elif isinstance(allowed, SharedPrefixMask):
+        o = shared_prefix_attention(q, k, v, allowed)
     else:
         o = attention(q, k, v, allowed)
     x = x + out_proj(o, p, drop)
@@ -245,6 +247,33 @@ class Transformer(nnx.Module):
         x, _ = self.layers(self._embed(input_ids), cos, sin, allowed, lora_key=lora_key)
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
+    def shared_prefix(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
+                      response_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Hidden states of ``n`` continuations of each prompt with the prompt run once.
+
+        ``prompt_ids``/``prompt_mask`` [G, P] (left padded), ``response_ids``/``response_mask`` [G, n, R]. Row ``g``
+        is laid out as ``prompt_g, response_g0, ..., response_g(n-1)`` ([G, P+n·R]); response ``j``'s tokens get the
+        rotary positions and attention (``layers.shared_prefix_attention``) they have in the row
+        ``concat(prompt_g, response_gj)``, so the result equals ``self(concat(prompt, response_j))`` for every ``j``
+        while the prompt's P positions go through the layers once instead of ``n`` times.
+        Returns the final-normed hidden states ``(prompt [G, P, D], responses [G, n, R, D])``.
+        """
+        g, p = prompt_ids.shape
+        n, r = response_ids.shape[1:]
+        pm = prompt_mask.astype(jnp.int32)
+        rm = response_mask.astype(jnp.int32).reshape(g * n, r)
+        pm_rep = jnp.repeat(pm, n, axis=0)                                          # [G·n, P]
+        full = jnp.concatenate([pm_rep, rm], axis=1)                                # each response's own row's mask
+        pos = jnp.concatenate([positions_from_mask(pm), positions_from_mask(full)[:, p:].reshape(g, n * r)], axis=1)
+        cos, sin = rope_cos_sin(pos, jnp.asarray(self.config.inv_freq()))
+        w = self.config.sliding_window
+        allowed = SharedPrefixMask(prompt=attention_allowed(jnp.arange(p), jnp.arange(p), pm, w),
+                                   response=attention_allowed(p + jnp.arange(r), jnp.arange(p + r), full, w))
+        ids = jnp.concatenate([prompt_ids, response_ids.reshape(g, n * r)], axis=1)
+        x, _ = self.layers(self._embed(ids), cos, sin, allowed)
+        h = rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
+        return h[:, :p], h[:, p:].reshape(g, n, r, h.shape[-1])
+
     def init_cache(self, batch: int, length: int) -> KVCache:
         """An empty cache of ``length`` slots (layout in ``KVCache``: per-layer tuples when layers are unrolled)."""
         c = self.config
@@ -348,11 +377,22 @@ class CausalLM(nnx.Module):
         p, r = prompt_ids.shape[1], response_ids.shape[1]
         ids = jnp.concatenate([prompt_ids, response_ids], axis=1).astype(jnp.int32)
         mask = jnp.concatenate([prompt_mask, response_mask], axis=1).astype(jnp.int32)
-        z = self.logits_from_hidden(self.model(ids, mask, lora_key=lora_key)[:, p - 1:p + r - 1])
-        m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
-        lse = jnp.log(jnp.sum(jnp.exp(z - m), axis=-1))
-        tok = jnp.take_along_axis(z, response_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        return ((tok - m[..., 0]) - lse) * response_mask.astype(jnp.float32)
+        h = self.model(ids, mask, lora_key=lora_key)[:, p - 1:p + r - 1]
+        return _token_logprobs(self.logits_from_hidden(h), response_ids, response_mask)
+
+    def shared_prefix_logprobs(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
+                               response_mask: jax.Array) -> jax.Array:
+        """``log π(y_t | x, y_<t)`` [G, n, R] of ``n`` responses per prompt (``response_ids`` [G, n, R]), equal to
+        ``continuation_logprobs`` of each ``(prompt, response_j)`` pair but with the prompt run through the trunk
+        once per group (``Transformer.shared_prefix``): a DPO pair's chosen and rejected answers share one prompt
+        pass. The head scores the R positions that predict response tokens: the prompt's last slot (shared by the
+        ``n`` responses) and each response's first R-1 slots.
+        """
+        hp, hr = self.model.shared_prefix(prompt_ids, prompt_mask, response_ids, response_mask)
+        g, n, r, d = hr.shape
+        last = jnp.broadcast_to(hp[:, None, -1:], (g, n, 1, d))
+        h = jnp.concatenate([last, hr[:, :, :r - 1]], axis=2)
+        return _token_logprobs(self.logits_from_hidden(h), response_ids, response_mask)
 
     def init_cache(self, batch: int, length: int) -> KVCache:
         return self.model.init_cache(batch, length)
@@ -371,6 +411,15 @@ def continuation_logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids
     passes share one compiled program per (model structure, shapes).
     """
     return nnx.merge(graphdef, state).continuation_logprobs(prompt_ids, prompt_mask, response_ids, response_mask)
+
+
+def _token_logprobs(z: jax.Array, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """``(z_y − m) − log Σ_v exp(z_v − m)`` with ``m = max_v z_v`` (held constant in the gradient), times ``mask``:
+    the log-prob of each token ``ids`` [...] under the logits ``z`` [..., V] (no [..., V] log-softmax stored)."""
+    m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    lse = jnp.log(jnp.sum(jnp.exp(z - m), axis=-1))
+    tok = jnp.take_along_axis(z, ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return ((tok - m[..., 0]) - lse) * mask.astype(jnp.float32)
 
 
 def _cast_float(a: jax.Array, dtype) -> jax.Array:

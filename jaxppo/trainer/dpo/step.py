@@ -3,7 +3,10 @@
 Layout of a batch of ``B`` pairs: ``prompt_ids``/``prompt_mask`` [B, P] (left padded), ``chosen_ids``/
 ``chosen_mask`` and ``rejected_ids``/``rejected_mask`` [B, R] (right padded), ``ref_chosen``/``ref_rejected`` [B]
 (the frozen reference's summed response log-probs, computed once and cached). The policy's summed log-probs come
-from ONE forward over the ``[2B, P+R]`` stack ``concat(prompt, chosen)`` then ``concat(prompt, rejected)``::
+from ONE forward in which each pair's prompt runs through the trunk once and its chosen and rejected answers both
+attend to it (``CausalLM.shared_prefix_logprobs``: ``[B, P+2R]`` instead of the ``[2B, P+R]`` stack
+``concat(prompt, chosen)``, ``concat(prompt, rejected)``, which gives the same log-probs; with adapter dropout the
+stack is kept, since its masks are drawn per row)::
 
     logp_seq(y | x) = sum_t m_t · log π(y_t | x, y_<t)          (m = the answer's mask)
 
@@ -105,9 +108,14 @@ def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array], l
     ``params``: the model's state, or with adapters the pair ``(trainable, base)`` (``jaxppo.models.adapters``);
     ``lora_key``: adapter dropout (the update's loss only)."""
     model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
-    lp = model.continuation_logprobs(*pair_stack(batch), lora_key=lora_key).sum(axis=1)
-    b = batch["prompt_ids"].shape[0]
-    return lp[:b], lp[b:]
+    if lora_key is not None:   # adapter dropout draws its masks per row of the [2B, P+R] stack
+        lp = model.continuation_logprobs(*pair_stack(batch), lora_key=lora_key).sum(axis=1)
+        b = batch["prompt_ids"].shape[0]
+        return lp[:b], lp[b:]
+    responses = jnp.stack([batch["chosen_ids"], batch["rejected_ids"]], axis=1)       # [B, 2, R]
+    masks = jnp.stack([batch["chosen_mask"], batch["rejected_mask"]], axis=1)
+    lp = model.shared_prefix_logprobs(batch["prompt_ids"], batch["prompt_mask"], responses, masks).sum(axis=2)
+    return lp[:, 0], lp[:, 1]
 
 
 def pair_loss(graphdef: Any, params: Any, batch: dict[str, jax.Array], hp: DPOHParams,
