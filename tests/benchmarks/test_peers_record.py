@@ -17,12 +17,15 @@ def _rows(record=RECORD):
 
 FIFTH_PATH = ROOT / "results" / "peers_fifth.json"
 BF16_PATH = ROOT / "results" / "peers_bf16_unrolled.json"
+SEVENTH = ROOT / "results" / "peers_seventh.json"
+SEVENTH_LORA_BF16 = ROOT / "results" / "peers_seventh_lora_bf16.json"
+PREFIX_AB = sorted((ROOT / "results" / "peers_dpo_prefix_ab").glob("*.json"))
 # each idle run printed in benchmarks/README.md, with how many timed tool rows it holds at least
 RUNS = [(RECORD, 12), (ROOT / "results" / "peers_grpo_ppo_lora.json", 8), (ROOT / "results" / "peers_bf16.json", 6),
         (ROOT / "results" / "peers_fwdbwd_fourth.json", 6), (FIFTH_PATH, 20), (BF16_PATH, 11),
         (ROOT / "results" / "peers_ppo_scheduler_default.json", 4), (ROOT / "results" / "peers_ppo_scheduler_dfs.json", 4),
-        (ROOT / "results" / "peers_lora_bf16.json", 3),
-        *((p, 1) for p in sorted((ROOT / "results" / "peers_bf16_ab").glob("*.json")))]
+        (ROOT / "results" / "peers_lora_bf16.json", 3), (SEVENTH, 20), (SEVENTH_LORA_BF16, 3),
+        *((p, 1) for p in sorted((ROOT / "results" / "peers_bf16_ab").glob("*.json"))), *((p, 1) for p in PREFIX_AB)]
 
 
 @pytest.mark.parametrize("record,least", RUNS, ids=[r.name for r, _ in RUNS])
@@ -50,9 +53,10 @@ _F32 = [("fwdbwd", "tunix"), ("fwdbwd", "trl"), ("dpo", "tunix"), ("dpo", "trl")
 
 
 @pytest.mark.parametrize("record,dtype,pairs,template", [
-    (FIFTH, "float32", _F32, "forward+backward {} Tunix\n/ {} TRL, DPO {} / {}, GRPO {} / {}, PPO {} Tunix"),
-    (FIFTH, "float32", [("lora", "tunix"), ("lora", "trl")], "LoRA-DPO {} / {}"),
-    (BF16_UNROLLED, "bfloat16", _F32, "forward+backward {} / {}, DPO {} / {}, GRPO {} / {},\nPPO {} Tunix")])
+    (SEVENTH, "float32", _F32, "forward+backward {} Tunix\n/ {} TRL, DPO {} / {}, GRPO {} / {}, PPO {} Tunix"),
+    (SEVENTH, "float32", [("lora", "tunix"), ("lora", "trl")], "LoRA-DPO {} / {}"),
+    (SEVENTH, "bfloat16", _F32[:4], "bfloat16 forward+backward {} / {}, DPO {} / {}"),
+    (BF16_UNROLLED, "bfloat16", _F32[4:], "GRPO {} / {},\nPPO {} Tunix")])
 def test_readme_speedups_are_the_record(record, dtype, pairs, template):
     """The README's ratios for a run are that run's peer time / jaxppo time (s per update), row by row."""
     rows = _rows(record)
@@ -145,3 +149,52 @@ def test_lora_bf16_quote_is_the_record():
     assert (f"The LoRA-DPO update in bf16 is {tools['tunix']['s_per_update'] / j:.2f}x Tunix and "
             f"{tools['trl']['s_per_update'] / j:.2f}x TRL, with the lowest peak RSS") in text
     assert tools["jaxppo"]["peak_rss_mb"] < min(tools["tunix"]["peak_rss_mb"], tools["trl"]["peak_rss_mb"])
+
+
+def test_readme_says_which_float32_rows_meet_the_tunix_target():
+    """README: 'The float32 1.5x-Tunix target is met by DPO and LoRA-DPO only' is the seventh run's rows."""
+    rows = _rows(SEVENTH)
+    met = sorted(t for (t, dt), tools in rows.items() if dt == "float32" and tools["tunix"].get("s_per_update")
+                 and tools["tunix"]["s_per_update"] / tools["jaxppo"]["s_per_update"] >= 1.5)
+    assert met == ["dpo", "lora"]
+    assert "The float32 1.5x-Tunix target is met by DPO and LoRA-DPO only" in (ROOT / "README.md").read_text()
+
+
+def test_prefix_ab_is_two_rounds_of_each_code_state_and_its_quote():
+    """The DPO shared-prompt A/B: jaxppo-only float32 DPO of d23054b (two rows per pair) and of the shared-prompt
+    step, two rounds each, same loss; benchmarks/README.md quotes the per-round speed-ups and peak RSS."""
+    assert sorted(f.stem for f in PREFIX_AB) == [f"{c}_round{k}" for c in ("d23054b", "shared") for k in (1, 2)]
+    rec = {f.stem: _rows(f)[("dpo", "float32")]["jaxppo"] for f in PREFIX_AB}
+    assert len({round(r["loss"], 6) for r in rec.values()}) == 1
+    speedups = [rec[f"d23054b_round{k}"]["s_per_update"] / rec[f"shared_round{k}"]["s_per_update"] for k in (1, 2)]
+    rss = [rec[f"{c}_round1"]["peak_rss_mb"] for c in ("d23054b", "shared")]
+    text = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    assert (f"{speedups[0]:.2f}x and {speedups[1]:.2f}x faster in the two rounds, peak RSS {rss[0]:.0f} -> "
+            f"{rss[1]:.0f} MiB") in text
+
+
+def test_seventh_run_quotes_are_the_record():
+    """benchmarks/README.md's reading of the seventh run: its ratios, and the work the shared prompt removes, from the
+    run's own shapes."""
+    rows, lora16 = _rows(SEVENTH), _rows(SEVENTH_LORA_BF16)
+    rows.update(lora16)
+    r = lambda t, dt, p: f"{rows[(t, dt)][p]['s_per_update'] / rows[(t, dt)]['jaxppo']['s_per_update']:.2f}x"  # noqa
+    text = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    f, b = "float32", "bfloat16"
+    for quote in (f"float32 DPO {r('dpo', f, 'tunix')} Tunix / {r('dpo', f, 'trl')} TRL and LoRA-DPO "
+                  f"{r('lora', f, 'tunix')} / {r('lora', f, 'trl')} meet them",
+                  f"GRPO {r('grpo', f, 'tunix')} Tunix / {r('grpo', f, 'trl')} TRL and PPO {r('ppo', f, 'tunix')} "
+                  "Tunix miss",
+                  f"forward+backward is {r('fwdbwd', f, 'tunix')} Tunix",
+                  f"(DPO {r('dpo', b, 'tunix')} / {r('dpo', b, 'trl')}, LoRA-DPO {r('lora', b, 'tunix')} / "
+                  f"{r('lora', b, 'trl')}) and the forward+backward {r('fwdbwd', b, 'tunix')} Tunix / "
+                  f"{r('fwdbwd', b, 'trl')} TRL"):
+        assert quote in text
+    assert min(float(r(t, b, p)[:-1]) for t in ("dpo", "lora") for p in ("tunix", "trl")) >= 2.0
+    assert all(tools["jaxppo"]["peak_rss_mb"] < tools["tunix"]["peak_rss_mb"] for tools in rows.values())
+    sh = json.loads(SEVENTH.read_text())["shapes"]
+    n, p, q = sh["dpo_pairs"], sh["dpo_prompt"], sh["dpo_response"]
+    trunk = 1 - (p + 2 * q) / (2 * (p + q))
+    scores = 1 - (p * p + 2 * q * (p + q)) / (2 * (p + q) ** 2)
+    assert (f"the trunk sees {n} x {p + 2 * q} positions instead of {2 * n} x {p + q} ({trunk:.0%} fewer; "
+            f"attention's score work {scores:.1%} less)") in text
