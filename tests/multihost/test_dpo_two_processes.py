@@ -93,7 +93,13 @@ def test_dpo_one_process_killed_the_other_stops(tmp_path, stories_model, hh_pair
     waited = (tmp_path / "logs" / "proc0.err").stat().st_mtime - t_kill
     assert waited < 60, f"process 0 needed {waited:.0f} s to stop\n{survivor.describe()}"
     # JAX names the dead task in one of two words, depending on whether process 0 was waiting in a barrier
-    # ("Task 1 heartbeat timeout") or not ("The following tasks are unhealthy (stopped sending heartbeats):\n1")
-    assert re.search(r"task 1 heartbeat timeout|tasks are unhealthy \(stopped sending heartbeats\):\s*1\b",
-                     survivor.stderr, re.IGNORECASE), survivor.stderr[-3000:]
+    # ("Task 1 heartbeat timeout") or not ("The following tasks are unhealthy (stopped sending heartbeats):\n1").
+    # When the kill lands inside one of the step's gloo collectives, gloo aborts process 0 first, at once, with its
+    # own error on the pair to the dead peer ("Received data size doesn't match expected size"; seen in CI on
+    # 5 Dec 2026 once the shared-prompt DPO step made the steps shorter): it does not name the process, but it
+    # stops the run the same way, which is what this test is about
+    heartbeat = r"task 1 heartbeat timeout|tasks are unhealthy \(stopped sending heartbeats\):\s*1\b"
+    gloo_pair = r"gloo/transport/tcp/pair\.cc.*Received data size doesn't match expected size"
+    assert re.search(heartbeat, survivor.stderr, re.IGNORECASE) or (
+        survivor.returncode == -6 and re.search(gloo_pair, survivor.stderr)), survivor.stderr[-3000:]
     assert not (out / "summary.json").exists()
