@@ -127,8 +127,8 @@ def shared_prefix_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: S
     r = allowed.response.shape[1]
     n = (t - p) // r
     if p + n * r != t or allowed.response.shape[0] != g * n:
-        raise ValueError(f"shared_prefix_attention: {t} slots are not a prompt of {p} and {g * n // max(g, 1)} "
-                         f"responses of {r}")
+        raise ValueError(f"shared_prefix_attention: {t} slots are not a prompt of {p} and {n} responses of {r} "
+                         f"(the response mask has {allowed.response.shape[0]} rows for {g} prompts)")
 
     def split(a):  # [G, P+nR, ., hd] -> prompt [G, P, ., hd], responses [G·n, R, ., hd]
         return a[:, :p], a[:, p:].reshape(g * n, r, *a.shape[2:])
