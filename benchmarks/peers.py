@@ -14,9 +14,10 @@ hyper-parameters (``spec.json``: AdamW lr 1e-5, betas 0.9/0.999, eps 1e-8, no we
 Rows (``benchmarks/peers/common.py`` says what each driver runs):
   fwdbwd  the model's forward + backward (mean next-token cross-entropy, 8 x 128 tokens);
   dpo     one DPO update, 8 pairs of prompt 64 + response 64, reference log-probs given (precomputed);
-  grpo    one critic-free clipped-ratio update, 8 x (64 + 64) tokens (2 groups of 4), advantages and old
-          log-probs given;
-  ppo     one PPO update with a critic (actor update + critic update, GAE advantages/returns/old values given);
+  grpo    one critic-free clipped-ratio update, 8 x (64 + 64) tokens (2 groups of 4 responses, the rows of a group
+          sharing one prompt), advantages and old log-probs given;
+  ppo     one PPO update with a critic (actor update + critic update, GAE advantages/returns/old values given), on
+          the same rows (2 prompts x 4 responses);
   lora    the DPO update with rank-8 adapters (q, k, v, o, gate, up, down), where a tool has adapters.
 
 Each (row, dtype) runs jaxppo, Tunix and TRL one after the other (the order rotates from row to row), each in
@@ -95,7 +96,9 @@ def make_batch(seed: int = 0) -> dict[str, np.ndarray]:
            "dpo_rejected": ids(s["dpo_pairs"], s["dpo_response"]),
            "dpo_ref_chosen": -s["dpo_response"] * lv + rng.normal(0, 5, s["dpo_pairs"]),
            "dpo_ref_rejected": -s["dpo_response"] * lv + rng.normal(0, 5, s["dpo_pairs"]),
-           "rl_prompt": ids(s["rl_batch"], s["rl_prompt"]), "rl_response": ids(s["rl_batch"], s["rl_response"]),
+           # a GRPO group is n responses to ONE prompt: the rows of each group of 4 share their prompt
+           "rl_prompt": np.repeat(ids(s["rl_batch"] // s["group"], s["rl_prompt"]), s["group"], axis=0),
+           "rl_response": ids(s["rl_batch"], s["rl_response"]),
            "rl_old_logp": -lv + rng.normal(0, 0.3, (s["rl_batch"], s["rl_response"])),
            "rl_scores": rng.normal(0, 1, s["rl_batch"]),
            "ppo_values": rng.normal(0, 0.5, (s["rl_batch"], s["rl_response"])),

@@ -13,8 +13,10 @@ What each task runs (the jaxppo code paths a training run takes):
   reference log-probs from the batch);
 - ``grpo`` / ``ppo``: the PPO trainer's update of one minibatch, ``steps.make_phases`` + ``make_update`` +
   ``run_epochs`` (actor phase; ``ppo`` adds the critic phase of a separate ``ValueModel``), jitted with the
-  parameters and optimizer states donated. Not timed: the replay sample and priority write-back around it in
-  ``make_train_step`` (gathers of 8 rows), and the prepare pass (GAE), whose outputs come in the batch.
+  parameters and optimizer states donated; ``replay.group_size = 4`` as a GRPO run on this data sets it (the rows
+  of a group share their prompt, which actor and critic run through the trunk once: ``trainer.ppo.forward``).
+  Not timed: the replay sample and priority write-back around it in ``make_train_step`` (gathers of 8 rows), and
+  the prepare pass (GAE), whose outputs come in the batch.
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
                                        norm_adv=False, use_kl_in_reward=False, kl_penalty="kl"),
                  importance=ImportanceHP(), rollout_corr=RolloutCorrHP(),
                  replay=ReplayHP(prioritized=False, priority="abs_advantage", priority_agg="mean", beta0=0.0,
-                                 beta_steps=1),
+                                 beta_steps=1, group_size=s["group"]),
                  pf=PFHP(), mini_batch=B, micro_batch=B, actor_epochs=1, critic_epochs=1)
     m = np.ones((B, R), np.int32)
     adv = b["ppo_adv"] if critic else np.repeat(b["grpo_adv"][:, None], R, 1)
@@ -215,7 +217,8 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
     loss = losses["actor"] + losses.get("critic", 0.0)
     parts = {"policy_loss": losses["actor"], **({"value_loss": losses["critic"]} if critic else {})}
     return loss, parts, update, versions, notes + [("update = trainer.steps make_phases/make_update/run_epochs, "
-                                                    "jitted with donation (no replay sample)")]
+                                                    "jitted with donation (no replay sample); replay.group_size="
+                                                    f"{s['group']}: each group's prompt through the trunk once")]
 
 
 def main(argv=None):

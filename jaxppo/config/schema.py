@@ -214,6 +214,11 @@ class ReplayConfig:
     weight_floor: float = field(0.1, ge=0.0, le=1.0)
     refresh_every: int = field(100, ge=1)
     decay: ReplayDecayConfig = field(default_factory=ReplayDecayConfig)  # priority staleness decay
+    # 1: minibatches of single rows. n > 1: of whole prompt groups (every group of the data has exactly n rows with
+    # one prompt, e.g. GRPO's n responses per prompt); a group is drawn with the sum of its rows' priorities, each
+    # row weighted so the expected gradient is that of row sampling, and the update runs each prompt through the
+    # trunk once (jaxppo/replay/buffer.py, jaxppo/trainer/ppo/forward.py)
+    group_size: int = field(1, ge=1)
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,7 @@ class Transformer(nnx.Module):
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
     def shared_prefix(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
-                      response_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+                      response_mask: jax.Array, *, lora_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Hidden states of ``n`` continuations of each prompt with the prompt run once.
 
         ``prompt_ids``/``prompt_mask`` [G, P] (left padded), ``response_ids``/``response_mask`` [G, n, R]. Row ``g``
@@ -256,7 +256,8 @@ class Transformer(nnx.Module):
         rotary positions and attention (``layers.shared_prefix_attention``) they have in the row
         ``concat(prompt_g, response_gj)``, so the result equals ``self(concat(prompt, response_j))`` for every ``j``
         while the prompt's P positions go through the layers once instead of ``n`` times.
-        Returns the final-normed hidden states ``(prompt [G, P, D], responses [G, n, R, D])``.
+        Returns the final-normed hidden states ``(prompt [G, P, D], responses [G, n, R, D])``. ``lora_key``: adapter
+        dropout (``DecoderLayers.__call__``; the masks are drawn for the ``[G, P+n·R]`` layout, not per row).
         """
         g, p = prompt_ids.shape
         n, r = response_ids.shape[1:]
@@ -270,7 +271,7 @@ class Transformer(nnx.Module):
         allowed = SharedPrefixMask(prompt=attention_allowed(jnp.arange(p), jnp.arange(p), pm, w),
                                    response=attention_allowed(p + jnp.arange(r), jnp.arange(p + r), full, w))
         ids = jnp.concatenate([prompt_ids, response_ids.reshape(g, n * r)], axis=1)
-        x, _ = self.layers(self._embed(ids), cos, sin, allowed)
+        x, _ = self.layers(self._embed(ids), cos, sin, allowed, lora_key=lora_key)
         h = rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
         return h[:, :p], h[:, p:].reshape(g, n, r, h.shape[-1])
 

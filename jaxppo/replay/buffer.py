@@ -16,6 +16,11 @@ Formulas (``N`` = number of valid items, i.e. filled slots with stored priority 
 - staleness decay (``staleness.py``, ``init(decay=..., decay_rate=r)``): ``p_i`` above is the stored priority
   times ``r^(n_i)`` (``"sampled"``) or ``r^(age_i)`` (``"age"``); ``add`` and ``set_priorities`` refresh an
   item (``n_i = 0``, ``age_i = 0``), ``update_priorities`` does not.
+- whole groups (``sample(group_size=n)``): group ``k`` is slots ``k·n .. k·n+n−1``, drawn with
+  ``P(g) = m_g / Σ m``, ``m_g = Σ_{i∈g} m_i`` (a leaf is drawn as above and its whole group taken: ``B/n`` draws
+  give ``B`` rows). Row ``i`` of a drawn group carries ``s_i = n·m_i / m_g`` (``Sample.group_share``): then
+  ``(B/n)·P(g)·s_i = B·P(i)`` for every row, so a loss weighted by ``s_i·w_i`` has the expected gradient of ``B``
+  item draws weighted by ``w_i`` (equal masses: ``s_i = 1``; a row of mass 0, e.g. filtered out, gets 0).
 """
 
 from __future__ import annotations
@@ -222,8 +227,12 @@ def add(state: ReplayState, items: Any, priorities: jax.Array | None = None) -> 
     return _add_core(state, new_storage, stored)
 
 
-def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float | jax.Array) -> Sample:
+def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float | jax.Array,
+           group_size: int = 1) -> Sample:
     """Stratified prioritized sample of ``batch_size`` items (with replacement across strata).
+
+    ``group_size = n > 1``: ``batch_size / n`` stratified draws of whole groups (slots ``k·n .. k·n+n−1``; module
+    docstring), rows in group order (``n`` consecutive rows per group), with ``Sample.group_share``.
 
     Returns :class:`Sample` with ``indices``, ``items``, exact ``probs`` ``P(i)`` and ``weights``
     ``w_i = min(1, (m_ref / m_i)^β)`` (module docstring, ``weights.py``). Items with stored priority 0 are never drawn.
@@ -243,11 +252,16 @@ def sample(state: ReplayState, key: jax.Array, batch_size: int, *, beta: float |
     if is_concrete(state.size) and batch_size > int(to_host(state.size)):
         raise ValueError(f"replay sample: batch_size={batch_size} exceeds the number of filled slots "
                          f"(size={int(to_host(state.size))}); add more items or sample a smaller batch")
-    return _sample_core(state, key, jnp.asarray(beta, jnp.float32), batch_size)
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
+        raise ValueError(f"replay sample: group_size must be a positive integer, got {group_size!r}")
+    if batch_size % group_size or state.capacity % group_size:
+        raise ValueError(f"replay sample: batch_size={batch_size} and capacity={state.capacity} must be "
+                         f"multiples of group_size={group_size} (whole groups of consecutive slots)")
+    return _sample_core(state, key, jnp.asarray(beta, jnp.float32), batch_size, int(group_size))
 
 
-@functools.partial(jax.jit, static_argnums=3)
-def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size: int) -> Sample:
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size: int, group_size: int = 1) -> Sample:
     rep = replicated_sharding(state.mesh)
     layout = state.layout
 
@@ -270,12 +284,26 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
         return layout.level(tree, l)[0].reshape(-1, f)[nodes]
 
     top = layout.level(tree, layout.depth)[0]
-    pos, total, m = stratified_descent(top, rows_of, layout.depth, key, batch_size)
+    n = group_size
+    pos, total, m = stratified_descent(top, rows_of, layout.depth, key, batch_size // n)
     indices = pos if state.prioritization == "proportional" else order[pos]
+    share = jnp.ones_like(m)
+    if n > 1:   # whole groups: every row of the drawn leaf's group, with its own mass (module docstring)
+        indices = ((indices // n)[:, None] * n + jnp.arange(n, dtype=indices.dtype)[None, :]).reshape(-1)
+        if state.prioritization == "proportional":
+            m = leaves[indices]
+        else:
+            rank_pos = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+            m = leaves[rank_pos[indices]]
+        m_g = jnp.repeat(m.reshape(-1, n).sum(-1), n)
+        share = jnp.where(m_g > 0, n * m / jnp.where(m_g > 0, m_g, 1.0), 0.0)
+        m_draw = m_g
+    else:
+        m_draw = m
 
-    ok = (total > 0) & (m > 0)
-    probs = jnp.where(ok, m / jnp.where(total > 0, total, 1.0), 0.0)
-    weights = jnp.where(ok, per_weights(m, m_ref, beta), 0.0)
+    ok = (total > 0) & (m_draw > 0)
+    probs = jnp.where(ok, m_draw / jnp.where(total > 0, total, 1.0), 0.0)
+    weights = jnp.where(ok & (m > 0), per_weights(m, m_ref, beta), 0.0)
     if state.mesh is not None and batch_size % batch_divisor(state.mesh) == 0:
         def shard(x):       # the minibatch goes out split over the batch axes, like the train step wants it
             return constrain(x, leading_sharding(state.mesh, x.ndim))
@@ -283,4 +311,5 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
         def shard(x):
             return constrain(x, rep)
     items = jax.tree.map(lambda v: shard(v[indices]), state.storage)
-    return Sample(indices=shard(indices), items=items, probs=shard(probs), weights=shard(weights))
+    return Sample(indices=shard(indices), items=items, probs=shard(probs), weights=shard(weights),
+                  group_share=shard(share))

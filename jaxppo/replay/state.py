@@ -95,12 +95,16 @@ class Sample:
     ``indices`` int32 ``[B]`` buffer slots; ``items`` the stored rows (the storage pytree, every leaf
     ``[B, ...]``); ``probs`` float32 ``[B]`` the exact sampling probability ``P(i)`` of each slot; ``weights``
     float32 ``[B]`` the PER importance weights ``w_i = min(1, (m_ref / m_i)^β)`` (``weights.py``).
+    ``group_share`` float32 ``[B]``: 1 for item sampling; for whole groups of ``n`` slots
+    (``sample(group_size=n)``, ``buffer.py``) ``n·m_i / m_g``, the factor that gives each row the expected loss
+    weight it has under item sampling (``probs`` is then the group's ``P(g) = m_g / Σ m``).
     """
 
     indices: jax.Array
     items: Any
     probs: jax.Array
     weights: jax.Array
+    group_share: jax.Array
 
 
 def _is_tracer(x: Any) -> bool:

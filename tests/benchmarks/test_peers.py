@@ -46,6 +46,9 @@ def test_batch_is_fixed_and_well_formed():
     # the pad id V-1 never appears (Tunix derives its masks from it)
     for k in ("fwd_ids", "dpo_prompt", "dpo_chosen", "dpo_rejected", "rl_prompt", "rl_response"):
         assert a[k].max() < peers.VOCAB - 1 and a[k].min() >= 0
+    # the rows of a group share one prompt (GRPO's n responses per prompt), different groups do not
+    pr = a["rl_prompt"].reshape(-1, s["group"], s["rl_prompt"])
+    assert (pr == pr[:, :1]).all() and not (pr[0, 0] == pr[1, 0]).all()
     # group-normalised advantages: zero mean per group of 4
     np.testing.assert_allclose(a["grpo_adv"].reshape(-1, s["group"]).mean(1), 0.0, atol=1e-6)
 

@@ -6,6 +6,12 @@ With ``share_trunk`` the value head reads the actor's hidden states at those pos
 token fields ``prompt_ids``, ``prompt_mask``, ``response_ids``, ``response_mask`` (``batch.TokenFields``: a
 ``Trajectories`` or ``Tokens``). ``lora_key``: adapter dropout (``jaxppo.models.lora_dropout``), passed only by the
 training update's loss (``steps.make_phases``); every other caller (prepare, evaluation) leaves it None.
+
+``group_size = n > 1`` (the training update with ``replay.whole_groups``): the batch is made of whole prompt groups,
+rows ``k·n .. k·n+n−1`` sharing one prompt (the same ``prompt_ids``/``prompt_mask``; the buffer checks it,
+``setup.check_whole_groups``), and the trunk runs each group's prompt once (``Transformer.shared_prefix``) with every
+response attending to it and rotated as in its own row: the same hidden states as the row layout, ``(P + n·R)/(n·(P+R))``
+of the token positions.
 """
 
 from __future__ import annotations
@@ -33,35 +39,57 @@ def response_positions(x: jax.Array, prompt_len: int, response_len: int) -> jax.
     return x[:, prompt_len - 1:prompt_len + response_len - 1]
 
 
-def response_logits(actor_gd, actor_params, batch: TokenFields, *, base=None, lora_key=None) -> jax.Array:
+def response_hidden(trunk, batch: TokenFields, *, group_size: int = 1, lora_key=None) -> jax.Array:
+    """``h [B,R,D]``: the final-normed hidden states of the trunk (a ``Transformer``) at the positions that predict
+    the response tokens. ``group_size = n > 1``: ``B = G·n`` rows, ``n`` consecutive rows per prompt, each prompt
+    through the trunk once (module docstring); the result equals the row layout's."""
+    n = int(group_size)
+    if n == 1:
+        ids, mask, p, r = _ids_mask(batch)
+        return response_positions(trunk(ids, mask, lora_key=lora_key), p, r)
+    b, p = batch.prompt_ids.shape
+    r = batch.response_ids.shape[1]
+    if n < 1 or b % n:
+        raise ValueError(f"response_hidden: a batch of {b} rows is not made of whole groups of {n}")
+    first = lambda x: x.reshape(b // n, n, p)[:, 0]     # noqa: E731  (the group's prompt: its first row's)
+    hp, hr = trunk.shared_prefix(first(batch.prompt_ids).astype(jnp.int32), first(batch.prompt_mask),
+                                 batch.response_ids.reshape(b // n, n, r).astype(jnp.int32),
+                                 batch.response_mask.reshape(b // n, n, r), lora_key=lora_key)
+    d = hr.shape[-1]
+    last = jnp.broadcast_to(hp[:, None, -1:], (b // n, n, 1, d))        # the prompt's last slot predicts y_0
+    return jnp.concatenate([last, hr[:, :, :r - 1]], axis=2).reshape(b, r, d)
+
+
+def response_logits(actor_gd, actor_params, batch: TokenFields, *, base=None, lora_key=None,
+                    group_size: int = 1) -> jax.Array:
     """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params`` (with adapters: the
     trainable part, ``base`` the frozen one; ``jaxppo.models.adapters``)."""
     actor = merge_with_base(actor_gd, actor_params, base)
-    ids, mask, p, r = _ids_mask(batch)
-    h = actor.hidden_states(ids, mask, lora_key=lora_key)
-    return actor.logits_from_hidden(response_positions(h, p, r)).astype(jnp.float32)
+    h = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key)
+    return actor.logits_from_hidden(h).astype(jnp.float32)
 
 
-def response_values(critic_gd, critic_params, batch: TokenFields, *, base=None, lora_key=None) -> jax.Array:
+def response_values(critic_gd, critic_params, batch: TokenFields, *, base=None, lora_key=None,
+                    group_size: int = 1) -> jax.Array:
     """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions; with adapters
     ``base`` is the actor's frozen base, whose trunk the critic shares (``adapters.trunk_of``)."""
-    ids, mask, p, r = _ids_mask(batch)
     critic = merge_with_base(critic_gd, critic_params, None if base is None else trunk_of(base))
-    return response_positions(critic(ids, mask, lora_key=lora_key), p, r).astype(jnp.float32)
+    h = response_hidden(critic.model, batch, group_size=group_size, lora_key=lora_key)
+    return critic.value_head(h).astype(jnp.float32)
 
 
 def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
-                           share_trunk: bool, base=None, lora_key=None) -> tuple[jax.Array, jax.Array]:
+                           share_trunk: bool, base=None, lora_key=None,
+                           group_size: int = 1) -> tuple[jax.Array, jax.Array]:
     """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``batch`` (``lora_key`` only with
     ``share_trunk``: one trunk pass, whose adapter dropout the value head sees too)."""
     if not share_trunk:
         if lora_key is not None:
             raise ValueError("response_logits_values: lora_key with separate models; give each model its own key")
-        return (response_logits(actor_gd, actor_params, batch, base=base),
-                response_values(critic_gd, critic_params, batch, base=base))
+        return (response_logits(actor_gd, actor_params, batch, base=base, group_size=group_size),
+                response_values(critic_gd, critic_params, batch, base=base, group_size=group_size))
     actor = merge_with_base(actor_gd, actor_params, base)
-    ids, mask, p, r = _ids_mask(batch)
-    h_r = response_positions(actor.hidden_states(ids, mask, lora_key=lora_key), p, r)
+    h_r = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key)
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
     values = nnx.merge(critic_gd, critic_params)(h_r)
     return logits, values.astype(jnp.float32)

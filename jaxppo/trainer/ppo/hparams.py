@@ -93,6 +93,7 @@ class ReplayHP:
     priority_agg: str
     beta0: float
     beta_steps: int
+    group_size: int = 1    # replay.group_size: rows per sampled prompt group (1: single rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,10 +155,20 @@ def step_hparams(cfg: Any) -> StepHP:
                             is_batch_normalize=corr.rollout_is_batch_normalize, rs=corr.rollout_rs,
                             rs_threshold=corr.rollout_rs_threshold)
     replay = ReplayHP(prioritized=rc.sampling == "prioritized", priority=priority, priority_agg=alg.priority_agg,
-                      beta0=rc.beta0, beta_steps=rc.beta_steps or cfg.trainer.total_steps)
+                      beta0=rc.beta0, beta_steps=rc.beta_steps or cfg.trainer.total_steps, group_size=rc.group_size)
     pf_hp = PFHP(filter=pf.filter if pf.enabled else "none",
                  reweight_method=pf.reweight_method if pf.enabled else "none", weight_pow=pf.weight_pow)
     mb = a.ppo_mini_batch_size
+    n = rc.group_size
+    if n > 1:
+        micro = a.ppo_micro_batch_size or mb
+        if mb % n or micro % n:
+            raise ConfigError(f"replay.group_size={n}: actor.ppo_mini_batch_size={mb} and ppo_micro_batch_size="
+                              f"{micro} must be multiples of it (minibatches of whole prompt groups)")
+        if pf_hp.reweight:
+            raise ConfigError(f"replay.group_size={n} does not combine with pf_ppo.reweight_method="
+                              f"{pf.reweight_method!r} (a batch-level resample of single rows); use a pf_ppo.filter "
+                              "or replay.group_size=1")
     return StepHP(actor=actor, critic=critic, advantage=adv, importance=imp, rollout_corr=corr_hp, replay=replay,
                   pf=pf_hp, mini_batch=mb, micro_batch=a.ppo_micro_batch_size or mb, actor_epochs=a.ppo_epochs,
                   critic_epochs=c.ppo_epochs)

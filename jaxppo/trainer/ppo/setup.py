@@ -105,6 +105,35 @@ def check_config(cfg: Any, n_devices: int) -> None:
     if cfg.importance.lower is not None and cfg.importance.mode != "mask":
         raise ConfigError("importance.lower is only used with importance.mode=mask")
     step_hparams(cfg)    # estimator / priority / importance vs rollout_correction rules
+    n, shards = cfg.replay.group_size, cfg.mesh.data * cfg.mesh.fsdp
+    micro = a.ppo_micro_batch_size or a.ppo_mini_batch_size
+    if n > 1 and (micro // shards) % n:
+        raise ConfigError(f"replay.group_size={n}: each of the mesh's {shards} batch shards holds "
+                          f"{micro // shards} rows of a micro-batch (actor.ppo_micro_batch_size / (mesh.data x "
+                          f"mesh.fsdp)), which must be a multiple of the group size so no group is split")
+
+
+def check_whole_groups(train: dict[str, np.ndarray], group_size: int) -> None:
+    """``replay.group_size = n > 1``: every prompt group of the (group-ordered) training rows has exactly ``n`` rows
+    and one prompt (the same ``prompt_ids`` and ``prompt_mask`` in each row); ``ValueError`` naming the first group
+    that does not, and how many do not."""
+    gid = np.asarray(train["group_id"])
+    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+    sizes = np.diff(np.r_[starts, len(gid)])
+    bad = np.flatnonzero(sizes != group_size)
+    if bad.size:
+        g = int(gid[starts[bad[0]]])
+        raise ValueError(f"replay.group_size={group_size}: {bad.size} of {len(starts)} prompt groups do not have "
+                         f"{group_size} training rows (group_id {g} has {int(sizes[bad[0]])}); every group needs "
+                         "exactly replay.group_size responses (or set replay.group_size=1)")
+    for key in ("prompt_ids", "prompt_mask"):
+        x = np.asarray(train[key]).reshape(len(starts), group_size, -1)
+        differs = np.flatnonzero((x != x[:, :1]).any(axis=(1, 2)))
+        if differs.size:
+            g = int(gid[starts[differs[0]]])
+            raise ValueError(f"replay.group_size={group_size}: the rows of {differs.size} prompt groups do not share "
+                             f"one prompt ({key} differs within group_id {g}); a group must be n responses to the "
+                             "same prompt")
 
 
 def ensure_data(cfg: Any) -> None:
@@ -428,6 +457,8 @@ def assemble_run(cfg: Any, mesh, rules: dict, tokenizer, model_path, actor_model
     order = group_order(train["group_id"])
     train = {k: np.asarray(v)[order] for k, v in train.items()}
     train["row"] = np.arange(n_rows, dtype=np.int32)
+    if cfg.replay.group_size > 1:
+        check_whole_groups(train, cfg.replay.group_size)
     train["ref_logp"] = compute_behaviour_logprobs(actor_model, train, batch_size=cfg.data.behaviour_batch_size)
     train["filter_w"], pf_stats = pf_filter(cfg, train["score"], train["group_id"], cfg.trainer.seed)
     if cfg.pf_ppo.enabled and cfg.pf_ppo.filter == "dynamic_sampling":

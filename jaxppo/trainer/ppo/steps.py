@@ -58,6 +58,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxppo import ops
@@ -245,9 +246,10 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     the actor phase only. ``base``: the frozen base of models with adapters (a constant of every loss: no
     gradient reaches it)."""
     c = hp.critic
+    n = hp.replay.group_size      # > 1: the minibatch is whole prompt groups, each prompt through the trunk once
 
     def actor_loss(params, batch, w, counts, key=None):
-        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key)
+        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key, group_size=n)
         la, aux = actor_terms(hp, logits, batch, w, counts)
         return la, (_f32({**aux, "_loss": la}), None)
 
@@ -256,7 +258,7 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     if c.share_trunk:
         def joint(params, batch, w, counts, key=None):
             logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], batch.data,
-                                                    share_trunk=True, base=base, lora_key=key)
+                                                    share_trunk=True, base=base, lora_key=key, group_size=n)
             la, aux_a = actor_terms(hp, logits, batch, w, counts)
             vf, aux_c, prio = critic_terms(hp, values, batch, w, counts)
             total = la + c.vf_coef * vf
@@ -264,8 +266,8 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
         return [Phase(("actor", "critic"), joint, hp.actor_epochs)]
 
     def critic_loss(params, batch, w, counts, key=None):
-        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data, base=base, lora_key=key),
-                                     batch, w, counts)
+        vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data, base=base, lora_key=key,
+                                                         group_size=n), batch, w, counts)
         lc = c.vf_coef * vf
         return lc, (_f32({**aux, "_loss": lc}), prio)
 
@@ -337,6 +339,22 @@ def run_epochs(update: Callable, epochs: int, params, opts, batch, w, counts=Non
     return p, o, aux, (None if prio is None else prio[-1]), tuple(jnp.mean(n) for n in norms), finite
 
 
+def group_micro_order(batch: int, group_size: int, n_micro: int) -> np.ndarray | None:
+    """Row order that keeps whole groups inside every strided micro-batch (``jaxppo.trainer.micro``): for rows
+    ``[G, n]`` in group order (``n`` = ``group_size``, ``G = batch/n`` groups), position ``(q·n + s)·k + j`` gets
+    row ``s`` of group ``q·k + j`` (``k = n_micro``), so micro-batch ``j`` (positions ``j, j+k, ...``) is groups
+    ``j, j+k, j+2k, ...``, each as ``n`` consecutive rows. ``None`` when no reordering is needed (``n = 1`` or
+    ``k = 1``)."""
+    if group_size == 1 or n_micro == 1:
+        return None
+    g = batch // group_size
+    if batch % group_size or g % n_micro:
+        raise ValueError(f"group_micro_order: {batch} rows in groups of {group_size} do not split into {n_micro} "
+                         "micro-batches of whole groups")
+    rows = np.arange(batch).reshape(g // n_micro, n_micro, group_size)
+    return np.ascontiguousarray(rows.transpose(0, 2, 1)).reshape(-1)
+
+
 def _where_tree(pred, new, old):
     return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
 
@@ -366,6 +384,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
     kc = cfg.algorithm.kl_ctrl
     drop_rate = float(cfg.model.lora.dropout) if int(cfg.model.lora.rank) > 0 else 0.0
+    group_perm = group_micro_order(B, rh.group_size, n_micro)
 
     def step(state: TrainState, frozen=None):
         phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
@@ -373,13 +392,17 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         key = jax.random.fold_in(state.rng, state.step)
         k_sample, k_pf = jax.random.split(key)
         beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if prioritized else jnp.float32(0.0)
-        smp = replay_lib.sample(state.replay, k_sample, B, beta=beta)
+        smp = replay_lib.sample(state.replay, k_sample, B, beta=beta, group_size=rh.group_size)
+        if group_perm is not None:   # whole groups inside every strided micro-batch (group_micro_order)
+            smp = jax.tree.map(lambda x: x[group_perm], smp)
         batch: BufferItem = smp.items
         idx = smp.indices
         if prioritized:
             w = filtered_weights(state.replay, smp, state.replay.storage.data.filter_w, beta)
         else:
             w = jnp.ones_like(smp.weights)
+        if rh.group_size > 1:       # row i of a drawn group: s_i = n·m_i/m_g (replay.buffer), E[gradient] of rows
+            w = w * smp.group_share
         w_stats = {"replay/per_weight_min": jnp.min(w), "replay/per_weight_max": jnp.max(w)}
         counts = None
         if pf.reweight:     # verl's resample, as per-row counts (module docstring, item 1)
