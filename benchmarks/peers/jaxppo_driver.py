@@ -157,6 +157,7 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
     s = spec["shapes"]
     B, R = s["rl_batch"], s["rl_response"]
     critic = task == "ppo"
+    group_size = s["group"]      # replay.group_size of a GRPO run on this data (module docstring)
     # dual clip off (clip_c huge): neither TRL nor Tunix (by default) has it
     actor_hp = ActorHP(clip_low=hp["clip_eps"], clip_high=hp["clip_eps"], clip_c=1e9, agg="token-mean",
                        entropy_coeff=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl",
@@ -169,7 +170,7 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
                                        norm_adv=False, use_kl_in_reward=False, kl_penalty="kl"),
                  importance=ImportanceHP(), rollout_corr=RolloutCorrHP(),
                  replay=ReplayHP(prioritized=False, priority="abs_advantage", priority_agg="mean", beta0=0.0,
-                                 beta_steps=1, group_size=s["group"]),
+                                 beta_steps=1, group_size=group_size),
                  pf=PFHP(), mini_batch=B, micro_batch=B, actor_epochs=1, critic_epochs=1)
     m = np.ones((B, R), np.int32)
     adv = b["ppo_adv"] if critic else np.repeat(b["grpo_adv"][:, None], R, 1)
@@ -218,7 +219,7 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
     parts = {"policy_loss": losses["actor"], **({"value_loss": losses["critic"]} if critic else {})}
     return loss, parts, update, versions, notes + [("update = trainer.steps make_phases/make_update/run_epochs, "
                                                     "jitted with donation (no replay sample); replay.group_size="
-                                                    f"{s['group']}: each group's prompt through the trunk once")]
+                                                    f"{group_size}: each group's prompt through the trunk once")]
 
 
 def main(argv=None):

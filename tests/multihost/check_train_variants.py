@@ -1,7 +1,7 @@
 """A manual check (issue 17), not collected by pytest: train variants other than the CI test's smoke default
 (GRPO + PF-PPO + token IS + prioritized replay; GAE + verl rollout correction + uniform replay; RLOO + sequence IS;
-LoRA rank 8 with and without adapter dropout) under 2 processes x 4 devices vs 1 process x 8, 6 steps each; prints
-the worst relative differences.
+LoRA rank 8 with and without adapter dropout; GRPO with whole prompt groups, replay.group_size=4) under 2 processes x
+4 devices vs 1 process x 8, 6 steps each; prints the worst relative differences.
 
     python -m jaxppo.train --config configs/smoke.yaml     # once: it collects runs/smoke_data/data.jsonl
     python -m tests.multihost.check_train_variants [OUT_DIR [VARIANT ...]]     # from the repository root
@@ -24,6 +24,9 @@ VARIANTS = {
                                "algorithm.rollout_correction.rollout_is_threshold=2.0", "replay.sampling=uniform"],
     "lora": ["model.lora.rank=8"],
     "lora_dropout": ["model.lora.rank=8", "model.lora.dropout=0.1"],
+    # whole prompt groups: a 32-row micro-batch puts 4 rows (one group) on each of the 8 batch shards
+    "grpo_whole_groups": ["algorithm.adv_estimator=grpo", "replay.group_size=4", "actor.ppo_micro_batch_size=32",
+                          "replay.sampling=prioritized"],
 }
 # XLA:CPU flags a variant needs: with adapter dropout, XLA's default concurrency-optimized CPU scheduler let the 8
 # simulated devices of one process (data=2 x fsdp=4) enter two collectives in different orders (an fsdp all-gather
