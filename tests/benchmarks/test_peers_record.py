@@ -60,7 +60,7 @@ _F32 = [("fwdbwd", "tunix"), ("fwdbwd", "trl"), ("dpo", "tunix"), ("dpo", "trl")
      "forward+backward {} Tunix / {} TRL, DPO {} / {}, LoRA-DPO {} / {}"),
     (SEVENTH, "bfloat16", _F32[:4], "bfloat16 forward+backward {} / {}, DPO {} / {}"),
     (EIGHTH, "float32", _F32[4:], "float32 GRPO {} / {}, PPO {} Tunix"),
-    (EIGHTH, "bfloat16", _F32[4:], "bfloat16 GRPO {} / {}, PPO {} Tunix")])
+    (EIGHTH, "bfloat16", _F32[4:], "bfloat16 GRPO {} / {}, PPO {}.")])
 def test_readme_speedups_are_the_record(record, dtype, pairs, template):
     """The README's ratios for a run are that run's peer time / jaxppo time (s per update), row by row."""
     rows = _rows(record)
