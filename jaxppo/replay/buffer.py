@@ -303,7 +303,7 @@ def _sample_core(state: ReplayState, key: jax.Array, beta: jax.Array, batch_size
 
     ok = (total > 0) & (m_draw > 0)
     probs = jnp.where(ok, m_draw / jnp.where(total > 0, total, 1.0), 0.0)
-    weights = jnp.where(ok & (m > 0), per_weights(m, m_ref, beta), 0.0)
+    weights = jnp.where(ok, per_weights(m, m_ref, beta), 0.0)       # 0 for a row of mass 0 (per_weights)
     if state.mesh is not None and batch_size % batch_divisor(state.mesh) == 0:
         def shard(x):       # the minibatch goes out split over the batch axes, like the train step wants it
             return constrain(x, leading_sharding(state.mesh, x.ndim))

@@ -7,7 +7,7 @@ token fields ``prompt_ids``, ``prompt_mask``, ``response_ids``, ``response_mask`
 ``Trajectories`` or ``Tokens``). ``lora_key``: adapter dropout (``jaxppo.models.lora_dropout``), passed only by the
 training update's loss (``steps.make_phases``); every other caller (prepare, evaluation) leaves it None.
 
-``group_size = n > 1`` (the training update with ``replay.whole_groups``): the batch is made of whole prompt groups,
+``group_size = n > 1`` (the training update with ``replay.group_size = n``): the batch is made of whole prompt groups,
 rows ``k·n .. k·n+n−1`` sharing one prompt (the same ``prompt_ids``/``prompt_mask``; the buffer checks it,
 ``setup.check_whole_groups``), and the trunk runs each group's prompt once (``Transformer.shared_prefix``) with every
 response attending to it and rotated as in its own row: the same hidden states as the row layout, ``(P + n·R)/(n·(P+R))``

@@ -118,8 +118,7 @@ def check_whole_groups(train: dict[str, np.ndarray], group_size: int) -> None:
     and one prompt (the same ``prompt_ids`` and ``prompt_mask`` in each row); ``ValueError`` naming the first group
     that does not, and how many do not."""
     gid = np.asarray(train["group_id"])
-    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
-    sizes = np.diff(np.r_[starts, len(gid)])
+    starts, sizes = group_runs(gid)
     bad = np.flatnonzero(sizes != group_size)
     if bad.size:
         g = int(gid[starts[bad[0]]])
@@ -169,6 +168,14 @@ def group_order(group_id: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(gid)), first[inv.reshape(-1)])).astype(np.int64)
 
 
+def group_runs(group_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, sizes)`` of the runs of equal consecutive ``group_id`` values (one run per group when the groups are
+    contiguous, :func:`group_order`)."""
+    gid = np.asarray(group_id)
+    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+    return starts, np.diff(np.r_[starts, len(gid)])
+
+
 def group_windows(group_id: np.ndarray, n_use: int) -> list[np.ndarray]:
     """Consecutive buffer windows of WHOLE prompt groups, each of at most ``n_use`` rows (greedy packing).
 
@@ -178,8 +185,7 @@ def group_windows(group_id: np.ndarray, n_use: int) -> list[np.ndarray]:
     n = len(gid)
     if n <= n_use:
         return [np.arange(n, dtype=np.int64)]
-    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
-    sizes = np.diff(np.r_[starts, n])
+    starts, sizes = group_runs(gid)
     if len(np.unique(gid)) != len(starts):
         raise ValueError("group_windows: prompt groups are not contiguous (order the rows with group_order)")
     if sizes.max() > n_use:
