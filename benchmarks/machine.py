@@ -39,9 +39,11 @@ def parse_cpuinfo(text: str) -> dict:
 
 def describe(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
     """cpus, platform and (on Linux) ``parse_cpuinfo`` of this machine, the ``XLA_FLAGS`` in effect (None when
-    unset: XLA's defaults; the scheduler flag changes a step's memory by a fifth, benchmarks/README.md), plus the
-    1/5/15-min load average now."""
-    info = {"cpus": os.cpu_count(), "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS")}
+    unset: XLA's defaults; the scheduler flag changes a step's memory by a fifth, benchmarks/README.md) and the
+    ``GLIBC_TUNABLES`` (None when unset; ``glibc.malloc.hugetlb=1`` changes a CPU step's time through its page
+    faults, benchmarks/README.md), plus the 1/5/15-min load average now."""
+    info = {"cpus": os.cpu_count(), "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS"),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}
     try:
         info.update(parse_cpuinfo(Path(cpuinfo).read_text()))
     except OSError:

@@ -60,6 +60,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far (``ru_minflt``): first touches of freshly mapped memory."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def tokens_of(task: str, spec: dict) -> int:
     """Tokens one update processes: ``B x T`` (fwdbwd), ``2 x pairs x (P + R)`` (dpo, lora), ``B x (P + R)``
     (grpo, ppo: the critic's pass over the same tokens is not counted twice)."""
@@ -84,8 +89,11 @@ def time_updates(update, repeats: int) -> list[float]:
 
 def record(tool: str, task: str, dtype: str, spec: dict, *, loss: float | None, parts: dict | None = None,
            setup_s: float | None = None, times: list[float] | None = None, versions: dict | None = None,
-           notes: list[str] | None = None, unsupported: str | None = None, load_before=None) -> dict:
-    """The JSON record a driver writes (``s_per_update`` = median of ``times``)."""
+           notes: list[str] | None = None, unsupported: str | None = None, load_before=None,
+           faults_per_update: float | None = None) -> dict:
+    """The JSON record a driver writes (``s_per_update`` = median of ``times``; ``minor_faults_per_update``: the
+    process's minor page faults during the timed updates over their number, i.e. 4 KiB pages of fresh memory
+    each update touches, fewer where the kernel maps huge pages)."""
     out = {"setup_s": setup_s, "tool": tool, "task": task, "dtype": dtype, "loss": loss, "loss_parts": parts or {},
            "versions": versions or {}, "notes": notes or [], "unsupported": unsupported,
            "tokens_per_update": tokens_of(task, spec), "peak_rss_mb": peak_rss_mb(),
@@ -93,7 +101,7 @@ def record(tool: str, task: str, dtype: str, spec: dict, *, loss: float | None, 
     if times:
         med = statistics.median(times)
         out.update(times_s=times, s_per_update=med,
-                   tokens_per_s=out["tokens_per_update"] / med)
+                   tokens_per_s=out["tokens_per_update"] / med, minor_faults_per_update=faults_per_update)
     return out
 
 
@@ -110,8 +118,10 @@ def run_driver(tool: str, build, argv=None) -> dict:
         rec = record(tool, args.task, args.dtype, spec, loss=None, unsupported=str(e), load_before=load_before)
     else:  # --repeats 0: the loss only (the equivalence check), nothing timed
         setup = time.perf_counter() - t0  # load + compile + the first (loss) update
+        faults0 = minor_faults()
         times = time_updates(update, args.repeats) if args.repeats > 0 else None
+        faults = (minor_faults() - faults0) / args.repeats if times else None
         rec = record(tool, args.task, args.dtype, spec, loss=loss, parts=parts, setup_s=setup, times=times,
-                     versions=versions, notes=notes, load_before=load_before)
+                     versions=versions, notes=notes, load_before=load_before, faults_per_update=faults)
     Path(args.out).write_text(json.dumps(rec, indent=2))
     return rec

@@ -49,3 +49,10 @@ def test_describe_records_the_xla_flags_in_effect(tmp_path, monkeypatch):
     assert machine.describe(tmp_path / "missing")["xla_flags"] is None
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
     assert machine.describe(tmp_path / "missing")["xla_flags"] == "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def test_describe_records_the_glibc_tunables_in_effect(tmp_path, monkeypatch):
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert machine.describe(tmp_path / "missing")["glibc_tunables"] is None
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    assert machine.describe(tmp_path / "missing")["glibc_tunables"] == "glibc.malloc.hugetlb=1"
