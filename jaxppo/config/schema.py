@@ -52,7 +52,7 @@ class ModelConfig:
     tokenizer_path: str | None = None  # defaults to ``path`` (or its directory for .gguf)
     param_dtype: DType = "float32"
     compute_dtype: DType = "float32"
-    remat: bool = False
+    remat: bool | Literal["dots", "auto"] = "auto"   # LMConfig.remat / remat_policy
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

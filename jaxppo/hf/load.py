@@ -154,12 +154,14 @@ def load_weights(model: CausalLM, source: TensorSource, *, mesh: Mesh | None = N
 
 
 def load_pretrained(path: str | Path, *, dtype=jnp.float32, compute_dtype=None, mesh: Mesh | None = None,
-                    rules: Mapping | None = None, remat: bool = False,
+                    rules: Mapping | None = None, remat: bool | str = "auto",
                     scan_layers: bool | str | None = None) -> CausalLM:
     """A ``CausalLM`` with the weights of a HF directory (``config.json`` + safetensors) or a ``.gguf`` file.
 
     ``dtype``: parameter dtype; ``compute_dtype``: activation dtype (default ``dtype``). With ``mesh``
     every parameter is placed on it following its logical axes and ``rules`` (``jaxppo.parallel``).
+    ``remat``: ``LMConfig.remat`` ("auto": save only the matrix products' outputs for the backward where that was
+    measured faster, ``LMConfig.remat_policy``).
     ``scan_layers``: ``LMConfig.scan_layers``; None: ``models.config.default_scan_layers`` of the compute dtype
     (float32 scans; 16-bit unrolls on the CPU).
     """

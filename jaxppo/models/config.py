@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, str] = {
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
+REMAT_MODES = ("dots", "auto")  # LMConfig.remat's string values (besides true / false)
 LOW_PRECISION = ("bfloat16", "float16")  # the 16-bit compute dtypes (unrolled on the CPU, LMConfig.unroll_layers)
 AUTO_UNROLL_MAX_LAYERS = 8  # scan_layers="auto" unrolls up to this depth on CPU (compile time grows with depth)
 
@@ -86,7 +87,7 @@ class LMConfig:
     pad_token_id: int | None = None
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
-    remat: bool = False
+    remat: bool | str = False
     scan_layers: bool | str = "auto"
     initializer_range: float = 0.02
     lora: Any = None   # a jaxppo.models.lora.LoraSpec: LoRA adapters on a frozen base (None: full weights)
@@ -142,6 +143,8 @@ class LMConfig:
         if self.scan_layers not in (True, False, "auto") or isinstance(self.scan_layers, (int, float)) and not \
                 isinstance(self.scan_layers, bool):
             raise ValueError(f"LMConfig.scan_layers must be true, false or 'auto', got {self.scan_layers!r}")
+        if not (isinstance(self.remat, bool) or self.remat in REMAT_MODES):
+            raise ValueError(f"LMConfig.remat must be true, false, 'dots' or 'auto', got {self.remat!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"LMConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
 
@@ -176,6 +179,30 @@ class LMConfig:
                 return False
             return self.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS or self.compute_dtype in LOW_PRECISION
         return not self.scan_layers
+
+    @property
+    def remat_policy(self) -> str | None:
+        """What the backward pass recomputes per layer (read at trace time): None (nothing: every activation the
+        backward needs is saved), "full" (``remat=True``: only each layer's input is saved, the whole layer is
+        recomputed) or "dots" (``remat="dots"``: the outputs of the matrix products are saved, the elementwise ops
+        between them (RMSNorm, RoPE, masking, softmax, SiLU) are recomputed; ``jax.checkpoint_policies.dots_saveable``).
+
+        "auto" is "dots" where it was measured faster: the CPU, a scanned stack (``unroll_layers`` False) and
+        float32 compute. There, XLA:CPU allocates every update's buffers afresh, each first touch of a 4 KiB page
+        is a page fault, and saving only the products halves the memory an update touches: the SmolLM2-135M-shaped
+        fwd+bwd at 8x128 took ~10% less time (``benchmarks/README.md``, "The float32 forward+backward and page
+        faults"). Unrolled 16-bit stacks got slower with it, and accelerators were not measured: None there.
+        """
+        if self.remat is True:
+            return "full"
+        if self.remat is False:
+            return None
+        if self.remat == "dots":
+            return "dots"
+        import jax
+        if jax.default_backend() == "cpu" and not self.unroll_layers and self.compute_dtype not in LOW_PRECISION:
+            return "dots"
+        return None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -192,8 +192,10 @@ class DecoderLayers(nnx.Module):
             y, c = _layer(cfg, pl, carry[0], cos, sin, allowed, carry[1:], index, li)
             return (constrain_batch(y, mesh),) + c, None
 
-        if cfg.remat:
-            body = jax.checkpoint(body, prevent_cse=not cfg.unroll_layers)
+        policy = cfg.remat_policy
+        if policy is not None:
+            saveable = jax.checkpoint_policies.dots_saveable if policy == "dots" else None
+            body = jax.checkpoint(body, prevent_cse=not cfg.unroll_layers, policy=saveable)
         if not cfg.unroll_layers:
             if layer_params is not None:
                 raise ValueError("DecoderLayers: layer_params is for unrolled layers (LMConfig.unroll_layers)")

@@ -111,12 +111,13 @@ _jit_loss_and_grads = nnx.jit(_loss_and_grads)
 _jit_forward = nnx.jit(lambda m, ids, mask: m(ids, mask))
 
 
-@pytest.mark.parametrize("remat,scan", [(True, True), (False, False), (True, False), (False, "auto")])
+@pytest.mark.parametrize("remat,scan", [(True, True), (False, False), (True, False), (False, "auto"), ("dots", True),
+                                        ("auto", True)])
 def test_remat_and_unrolled_layers_give_same_loss_and_grads(remat, scan):
     """Against the scanned, non-remat model (explicitly scan_layers=True: the tiny model's "auto" unrolls on CPU)."""
     ids, mask = left_padded_prompts(61, lengths=(6, 3), width=6, seed=2)
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)
-    ref_model = tiny_lm("qwen2", seed=4, scan_layers=True)
+    ref_model = tiny_lm("qwen2", seed=4, scan_layers=True, remat=False)
     other = tiny_lm("qwen2", seed=4, remat=remat, scan_layers=scan)
     assert not ref_model.config.unroll_layers and other.config.unroll_layers == (scan is not True)
     l0, g0 = _jit_loss_and_grads(ref_model, ids, mask)
@@ -127,6 +128,55 @@ def test_remat_and_unrolled_layers_give_same_loss_and_grads(remat, scan):
     for a, b in zip(flat0, flat1):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
     assert max(float(jnp.max(jnp.abs(a))) for a in flat0) > 1e-3
+
+
+def test_remat_policy_resolution_and_bad_values():
+    """"auto" saves only the products on the CPU for a scanned float32 stack, nothing when unrolled or in 16-bit
+    compute; true / false / "dots" are taken as given; anything else is named."""
+    assert jax.default_backend() == "cpu"
+    cfg = lambda **kw: tiny_lm("llama", seed=0, **kw).config  # noqa: E731
+    assert cfg(remat="auto", scan_layers=True).remat_policy == "dots"
+    assert cfg(remat="auto", scan_layers=False).remat_policy is None
+    assert cfg(remat="auto", scan_layers=True, compute_dtype="bfloat16").remat_policy is None
+    assert cfg(remat="dots", scan_layers=False).remat_policy == "dots"
+    assert cfg(remat=True).remat_policy == "full" and cfg(remat=False).remat_policy is None
+    for bad in ("yes", "full", 1):
+        with pytest.raises(ValueError, match="LMConfig.remat must be true, false, 'dots' or 'auto'"):
+            cfg(remat=bad)
+
+
+def _saved_residual_bytes(model, ids, mask):
+    """Bytes of the residuals the backward keeps, from ``jax.ad_checkpoint.print_saved_residuals`` of the loss (one
+    line per residual, starting with its type, e.g. ``f32[2,6,64]``)."""
+    import contextlib
+    import io
+    import re
+
+    from jax.ad_checkpoint import print_saved_residuals
+    graphdef, state = nnx.split(model)
+
+    def loss(state):
+        m = nnx.merge(graphdef, state)
+        return jnp.mean(m(ids, mask))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_saved_residuals(loss, state)
+    size = {"f32": 4, "i32": 4, "bf16": 2, "bool": 1}
+    total = 0
+    for dt, dims in re.findall(r"^(f32|i32|bf16|bool)\[([\d,]*)\]", out.getvalue(), re.M):
+        total += size[dt] * int(np.prod([int(d) for d in dims.split(",") if d]))
+    assert total > 0, out.getvalue()
+    return total
+
+
+def test_dots_remat_saves_less_than_no_remat_and_more_than_full():
+    """The policy is real: saving only the products' outputs keeps fewer bytes for the backward than saving every
+    activation, and more than recomputing whole layers."""
+    ids, mask = left_padded_prompts(61, lengths=(6, 3), width=6, seed=2)
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+    got = {r: _saved_residual_bytes(tiny_lm("llama", seed=1, remat=r, scan_layers=True), ids, mask)
+           for r in (False, "dots", True)}
+    assert got[True] < got["dots"] < got[False], got
 
 
 def test_unrolled_and_scanned_programs_really_differ():
