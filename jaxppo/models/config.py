@@ -190,8 +190,8 @@ class LMConfig:
         "auto" is "dots" where it was measured faster: the CPU, a scanned stack (``unroll_layers`` False) and
         float32 compute. There, XLA:CPU allocates every update's buffers afresh, each first touch of a 4 KiB page
         is a page fault, and saving only the products halves the memory an update touches: the SmolLM2-135M-shaped
-        fwd+bwd at 8x128 took ~10% less time (``benchmarks/README.md``, "The float32 forward+backward and page
-        faults"). Unrolled 16-bit stacks got slower with it, and accelerators were not measured: None there.
+        fwd+bwd at 8x128 took less time and a third less peak memory (``benchmarks/README.md``, "Ninth run").
+        Unrolled 16-bit stacks got slower with it, and accelerators were not measured: None there.
         """
         if self.remat is True:
             return "full"
