@@ -297,6 +297,15 @@ def lm_config(hf_config: dict, model_cfg: Any):
                             remat=model_cfg.remat, scan_layers=default_scan_layers(model_cfg.compute_dtype))
 
 
+def check_critic_vocab(critic_vocab: int, policy_vocab: int) -> None:
+    """ConfigError when the critic checkpoint (``critic.model_path``) has a smaller vocabulary than the policy: the
+    critic reads the policy's token ids, and an id past its embedding table would be clamped silently under jit.
+    (A larger one is allowed: checkpoints pad their embedding tables; the tokenizer itself is not compared.)"""
+    if critic_vocab < policy_vocab:
+        raise ConfigError(f"critic.model_path: its vocabulary has {critic_vocab} tokens, fewer than model.path's "
+                          f"{policy_vocab}; the critic reads the policy's token ids, so it needs the same tokenizer")
+
+
 def _with_shardings(params, mesh, rules):
     from jaxppo.models import named_shardings
 
@@ -349,7 +358,8 @@ def abstract_core(cfg: Any, mesh, rules: dict, hf_config: dict, *, prompt_len: i
     if with_critic and cfg.critic.model_path and not cfg.critic.share_trunk:
         if critic_hf_config is None:
             raise ConfigError("critic.model_path is set: the plan needs that model's config.json too")
-        critic_lm_cfg = lm_config(critic_hf_config, cfg.model).replace(remat=False)
+        critic_lm_cfg = lm_config(critic_hf_config, cfg.model)
+        check_critic_vocab(critic_lm_cfg.vocab_size, lm_cfg.vocab_size)
 
     def build():
         actor = CausalLM(lm_cfg, rngs=nnx.Rngs(0))
@@ -496,7 +506,8 @@ def assemble_run(cfg: Any, mesh, rules: dict, tokenizer, model_path, actor_model
 
             param_dtype, compute_dtype = dtype_of(cfg.model.param_dtype), dtype_of(cfg.model.compute_dtype)
             critic_lm = load_pretrained(resolve_model_path(cfg.critic.model_path), dtype=param_dtype,
-                                        compute_dtype=compute_dtype, mesh=mesh, rules=rules)
+                                        compute_dtype=compute_dtype, mesh=mesh, rules=rules, remat=cfg.model.remat)
+            check_critic_vocab(critic_lm.config.vocab_size, actor_model.config.vocab_size)
             critic_model = ValueModel.from_lm(critic_lm, rngs=nnx.Rngs(cfg.trainer.seed))
         shard_model(critic_model, mesh, rules)
         critic_gd, critic_params = split_params(critic_model)
