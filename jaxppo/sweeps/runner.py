@@ -13,7 +13,9 @@
 - ``JAX_COMPILATION_CACHE_DIR`` is set to ``<sweep>/xla_cache`` unless the environment already sets one,
   so runs of the same shapes compile once.
 - Before a run starts, a ``config.json`` that an earlier attempt left in its folder must match the run's
-  config; otherwise the sweep stops with an error (a changed sweep file must not silently mix runs).
+  config, and so must the finished runs' when any run is still to run; otherwise the sweep stops with an error
+  naming the keys (a changed sweep file must not silently mix runs). A sweep whose runs are all finished only
+  logs the differences (:func:`check_not_stale`).
 """
 
 from __future__ import annotations
@@ -65,29 +67,77 @@ def _jsonable(x):
     return json.loads(json.dumps(x))
 
 
-def check_not_stale(runs: Sequence[RunSpec]) -> None:
-    """SweepError when a run folder's ``config.json`` (written by the trainer) differs from the planned config."""
-    for run in runs:
-        f = run.out_dir / "config.json"
-        if not f.is_file() or not run.config:
-            continue
-        try:
-            old = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            continue  # a half-written file of a killed run: the trainer rewrites it
-        if old != _jsonable(run.config):
-            diff = sorted(_diff_keys(old, _jsonable(run.config)))
-            raise SweepError(f"run {run.key}: {f} was written with a different config (keys {', '.join(diff[:8])}); "
-                             "the sweep file changed since: delete that run folder or use another output_dir")
+def config_changes(run: RunSpec) -> list[str]:
+    """``"key: old -> new"`` for each config key where the ``config.json`` in ``run``'s folder (written by the
+    trainer when that run started) differs from the config the sweep file plans for it today; ``[]`` when there is
+    no such file (or it is half-written: the trainer rewrites it) or nothing differs. ``old`` is ``(absent)`` for
+    a key the run's code did not have yet."""
+    f = run.out_dir / "config.json"
+    if not f.is_file() or not run.config:
+        return []
+    try:
+        old = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return []
+    new = _jsonable(run.config)
+    return [f"{k}: {_show(_get(old, k))} -> {_show(_get(new, k))}" for k in sorted(_diff_keys(old, new))]
+
+
+def check_not_stale(runs: Sequence[RunSpec], log: Callable[[str], None] = print) -> None:
+    """Stop (SweepError) before anything runs when the sweep file no longer gives the config its run folders were
+    made with (:func:`config_changes`), because a table must not mix configs:
+
+    - an unfinished run (its ``config.json`` left by a killed or failed attempt) with another config: always;
+    - finished runs (``summary.json``) with another config, when other runs are still to run.
+
+    When every run is finished nothing new would join the table: the differences are logged and the tables are
+    rewritten from those runs. That is the case of a committed sweep (``results/sweeps/<name>``) invoked after the
+    config schema grew or a default changed: its runs stay as they were made; their ``config.json`` files say how.
+    """
+    pending = [r for r in runs if not is_done(r)]
+    for run in pending:
+        changes = config_changes(run)
+        if changes:
+            raise SweepError(f"run {run.key}: {run.out_dir / 'config.json'} was written with a different config "
+                             f"({'; '.join(changes[:8])}); the sweep file changed since: delete that run folder or "
+                             "use another output_dir")
+    changed = {r.key: config_changes(r) for r in runs if is_done(r)}
+    changed = {k: v for k, v in changed.items() if v}
+    if not changed:
+        return
+    keys = sorted({c.split(":")[0] for v in changed.values() for c in v})
+    first = next(iter(changed.values()))
+    what = (f"{len(changed)} finished runs were made with another config than the sweep file gives today "
+            f"(keys {', '.join(keys[:8])}; e.g. {next(iter(changed))}: {'; '.join(first[:4])})")
+    if pending:
+        raise SweepError(f"{what}: running the {len(pending)} other runs would mix configs in one table; use "
+                         "--output-dir for a new sweep, or set the old values in the sweep file's overrides")
+    log(f"note: {what}; nothing to run, the tables are rewritten from those runs")
+
+
+def _get(d, dotted: str):
+    for k in dotted.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return _ABSENT
+        d = d[k]
+    return d
+
+
+_ABSENT = object()
 
 
 def _diff_keys(a, b, prefix: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in sorted(set(a) | set(b)):
-            out += _diff_keys(a.get(k), b.get(k), f"{prefix}{k}.")
+            out += _diff_keys(a.get(k, _ABSENT), b.get(k, _ABSENT), f"{prefix}{k}.")
         return out
     return [] if a == b else [prefix.rstrip(".")]
+
+
+def _show(v, width: int = 40) -> str:
+    t = "(absent)" if v is _ABSENT else json.dumps(v)
+    return t if len(t) <= width else t[:width - 3] + "..."
 
 
 def read_failures(out_dir: str | Path) -> dict[str, dict]:
@@ -129,7 +179,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
     out.mkdir(parents=True, exist_ok=True)
     argv_for = argv_for or (lambda r: r.argv(python))
     env = run_env(spec, env)
-    check_not_stale(runs)
+    check_not_stale(runs, log)
     pending = seed_major([r for r in runs if not is_done(r)], spec.seeds)
     done = len(runs) - len(pending)
     log(f"sweep {spec.name}: {len(runs)} runs, {done} done, {len(pending)} to run ({out})")

@@ -107,12 +107,36 @@ def test_a_run_folder_from_a_different_config_stops_the_sweep(sweep):
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({**runs[0].config, "replay": {**runs[0].config["replay"],
                                                                             "alpha": 0.9}}))
-    with pytest.raises(SweepError, match=r"run uniform/seed0: .* different config \(keys replay\.alpha\)"):
+    with pytest.raises(SweepError, match=r"run uniform/seed0: .* different config \(replay\.alpha: 0\.9 -> 0\.6\)"):
         run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
     assert calls == []
     (d / "config.json").write_text(json.dumps(runs[0].config))  # the same config: fine
     run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
     assert len(calls) == 6
+
+
+def test_finished_runs_of_another_config_block_new_runs_but_not_the_tables(sweep):
+    spec, runs, argv_for, calls, tmp = sweep
+    run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
+    calls.clear()
+    # as if the schema grew (a key the runs' code lacked) and a default changed since the runs were made
+    for r in runs:
+        old = json.loads(json.dumps(r.config))
+        del old["replay"]["alpha"]
+        old["trainer"]["seed"] = "old"
+        (r.out_dir / "config.json").write_text(json.dumps(old))
+    logged: list[str] = []
+    assert run_sweep(spec, runs, argv_for=argv_for, log=logged.append) == {}   # all finished: nothing runs
+    assert calls == []
+    note = next(s for s in logged if s.startswith("note:"))
+    assert "6 finished runs were made with another config" in note and "nothing to run" in note
+    assert "keys replay.alpha, trainer.seed" in note and 'uniform/seed0: replay.alpha: (absent) -> 0.6' in note
+    # one run still to run: it would join a table of runs made with another config
+    (runs[-1].out_dir / "summary.json").unlink()
+    (runs[-1].out_dir / "config.json").unlink()
+    with pytest.raises(SweepError, match=r"5 finished runs .* would mix configs in one table; use --output-dir"):
+        run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
+    assert calls == []
 
 
 def test_print_commands(tmp_path, capsys, monkeypatch):
