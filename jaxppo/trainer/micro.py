@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.config import ConfigError
@@ -92,6 +93,22 @@ def chunked_map(fn: Callable, xs: Any, chunk: int, mesh: Any = None) -> Any:
     return jax.tree.map(strided_merge, out)
 
 
+def group_micro_order(batch: int, group_size: int, n_micro: int) -> np.ndarray | None:
+    """Row order that keeps whole groups inside every strided micro-batch (``jaxppo.trainer.micro``): for rows
+    ``[G, n]`` in group order (``n`` = ``group_size``, ``G = batch/n`` groups), position ``(q·n + s)·k + j`` gets
+    row ``s`` of group ``q·k + j`` (``k = n_micro``), so micro-batch ``j`` (positions ``j, j+k, ...``) is groups
+    ``j, j+k, j+2k, ...``, each as ``n`` consecutive rows. ``None`` when no reordering is needed (``n = 1`` or
+    ``k = 1``)."""
+    if group_size == 1 or n_micro == 1:
+        return None
+    g = batch // group_size
+    if batch % group_size or g % n_micro:
+        raise ValueError(f"group_micro_order: {batch} rows in groups of {group_size} do not split into {n_micro} "
+                         "micro-batches of whole groups")
+    rows = np.arange(batch).reshape(g // n_micro, n_micro, group_size)
+    return np.ascontiguousarray(rows.transpose(0, 2, 1)).reshape(-1)
+
+
 def check_mesh(mesh_cfg: Any, n_devices: int, micro_batch: int, micro_batch_key: str) -> None:
     """The mesh checks of every trainer (ConfigError naming the key): ``mesh.data x mesh.fsdp x mesh.tensor`` must
     equal ``n_devices`` and the micro-batch (``micro_batch``, set by ``micro_batch_key``) must be a multiple of the
@@ -107,5 +124,5 @@ def check_mesh(mesh_cfg: Any, n_devices: int, micro_batch: int, micro_batch_key:
                           f"mesh.data x mesh.fsdp = {shards}")
 
 
-__all__ = ["check_mesh", "chunked_map", "constrain_batch", "micro_grads", "split_micro", "strided_merge",
+__all__ = ["check_mesh", "chunked_map", "constrain_batch", "group_micro_order", "micro_grads", "split_micro", "strided_merge",
            "strided_split"]

@@ -58,7 +58,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxppo import ops
@@ -67,7 +66,7 @@ from jaxppo.ops.masked import masked_var
 from jaxppo.models.lora_dropout import DROPOUT_STREAM
 from jaxppo.optim import lr_schedule, set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
-from jaxppo.trainer.micro import micro_grads, strided_merge
+from jaxppo.trainer.micro import group_micro_order, micro_grads, strided_merge
 from jaxppo.trainer.ppo.batch import BufferItem
 from jaxppo.trainer.ppo.forward import (
     logp_entropy,
@@ -337,22 +336,6 @@ def run_epochs(update: Callable, epochs: int, params, opts, batch, w, counts=Non
     finite = ok(aux, norms)
     aux = jax.tree.map(jnp.mean, aux)
     return p, o, aux, (None if prio is None else prio[-1]), tuple(jnp.mean(n) for n in norms), finite
-
-
-def group_micro_order(batch: int, group_size: int, n_micro: int) -> np.ndarray | None:
-    """Row order that keeps whole groups inside every strided micro-batch (``jaxppo.trainer.micro``): for rows
-    ``[G, n]`` in group order (``n`` = ``group_size``, ``G = batch/n`` groups), position ``(q·n + s)·k + j`` gets
-    row ``s`` of group ``q·k + j`` (``k = n_micro``), so micro-batch ``j`` (positions ``j, j+k, ...``) is groups
-    ``j, j+k, j+2k, ...``, each as ``n`` consecutive rows. ``None`` when no reordering is needed (``n = 1`` or
-    ``k = 1``)."""
-    if group_size == 1 or n_micro == 1:
-        return None
-    g = batch // group_size
-    if batch % group_size or g % n_micro:
-        raise ValueError(f"group_micro_order: {batch} rows in groups of {group_size} do not split into {n_micro} "
-                         "micro-batches of whole groups")
-    rows = np.arange(batch).reshape(g // n_micro, n_micro, group_size)
-    return np.ascontiguousarray(rows.transpose(0, 2, 1)).reshape(-1)
 
 
 def _where_tree(pred, new, old):

@@ -20,7 +20,8 @@ from jaxppo.trainer.micro import strided_split
 from jaxppo.trainer.ppo.forward import response_hidden, response_logits, response_logits_values, response_values
 from jaxppo.trainer.ppo.hparams import step_hparams
 from jaxppo.trainer.ppo.setup import build_run, check_whole_groups
-from jaxppo.trainer.ppo.steps import group_micro_order, make_phases
+from jaxppo.trainer.micro import group_micro_order
+from jaxppo.trainer.ppo.steps import make_phases
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -145,6 +146,33 @@ def test_losses_and_gradients_equal_the_row_layout(gae_run, share_trunk):
             np.testing.assert_allclose(np.asarray(p4), np.asarray(p1), rtol=1e-4, atol=1e-6)
         for x, y in zip(jax.tree.leaves(g4), jax.tree.leaves(g1)):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("over", [("algorithm.adv_estimator=gae",),
+                                  ("algorithm.adv_estimator=gae", "critic.share_trunk=true"),
+                                  ("algorithm.adv_estimator=grpo", "replay.sampling=prioritized")])
+def test_prepare_pass_in_whole_groups_equals_the_row_layout(make_cfg_module, over):
+    """The prepare pass over the whole buffer (15 chunks of 8 rows) with replay.group_size=4 (rows reordered so
+    every chunk holds whole groups, each prompt through the trunk once, outputs back in buffer order) gives the
+    row layout's proximal log-probs, values, advantages, returns and stored priorities, slot by slot."""
+    runs = [build_run(make_cfg_module(*over, f"replay.group_size={n}"), devices=jax.devices()[:1]) for n in (1, N)]
+    rows, groups = (jax.device_get(r.state.replay.storage.data) for r in runs)
+    assert rows.response_ids.shape[0] // runs[0].cfg.actor.ppo_micro_batch_size == 15
+    for a, b in zip(jax.tree.leaves(rows), jax.tree.leaves(groups)):
+        np.testing.assert_array_equal(a, b)                     # the same buffer
+    flops = [r.prepare.lower(r.state).compile().cost_analysis()["flops"] for r in runs]
+    assert flops[1] < 0.85 * flops[0], flops   # each prompt once: (16 + 4·16) / (4·32) of the trunk's positions
+    one, four = (jax.device_get(r.prepare(r.state).replay) for r in runs)
+    m = np.asarray(rows.response_mask, bool)
+    p1, p4 = one.storage.prepared, four.storage.prepared
+    assert (p1.values is None) == (p4.values is None) == ("grpo" in over[0])
+    for f in ("prox_logp", "values", "advantages", "returns", "token_rewards"):
+        a, b = getattr(p1, f), getattr(p4, f)
+        if a is not None:
+            np.testing.assert_allclose(np.asarray(b)[m], np.asarray(a)[m], rtol=1e-4, atol=1e-4, err_msg=f)
+            assert not np.asarray(b)[~m].any(), f   # 0 outside the responses, padding slots included
+    np.testing.assert_allclose(np.asarray(four.priorities), np.asarray(one.priorities), rtol=1e-3, atol=1e-5)
+    assert np.asarray(one.priorities).std() > 0
 
 
 def test_group_micro_order_keeps_whole_groups_in_every_micro_batch():
