@@ -72,7 +72,10 @@ class Algorithm(abc.ABC):
     @property
     @abc.abstractmethod
     def tokens_per_step(self) -> int:
-        """Response tokens one update consumes (for ``train/tokens_consumed``)."""
+        """Token slots of the rows one update reads (prompt + response, padding included): ``perf/throughput`` is
+        this over the step time. It counts the data, not the model's work: with whole prompt groups
+        (``replay.group_size``) the trunk computes fewer positions (each prompt once) for the same count.
+        (``train/tokens_consumed`` counts the sampled rows' real response tokens instead.)"""
 
     # -- the step ----------------------------------------------------------------------------------------------
     def before_step(self, state: Any, s: int) -> tuple[Any, Any]:
