@@ -25,6 +25,7 @@ NINTH = ROOT / "results" / "peers_ninth.json"
 MALLOC = {k: ROOT / "results" / "peers_fwdbwd_malloc" / f"{k}.json" for k in ("default", "hugetlb")}
 REMAT_AB = sorted((ROOT / "results" / "peers_remat_ab").glob("*.json"))
 GROUP_AB = sorted((ROOT / "results" / "peers_group_prompt_ab").glob("*.json"))
+FB_ROUNDS = [ROOT / "results" / "peers_fwdbwd_rounds" / f"round{k}.json" for k in range(1, 6)]
 # each idle run printed in benchmarks/README.md, with how many timed tool rows it holds at least
 RUNS = [(RECORD, 12), (ROOT / "results" / "peers_grpo_ppo_lora.json", 8), (ROOT / "results" / "peers_bf16.json", 6),
         (ROOT / "results" / "peers_fwdbwd_fourth.json", 6), (FIFTH_PATH, 20), (BF16_PATH, 11),
@@ -32,7 +33,7 @@ RUNS = [(RECORD, 12), (ROOT / "results" / "peers_grpo_ppo_lora.json", 8), (ROOT 
         (ROOT / "results" / "peers_lora_bf16.json", 3), (SEVENTH, 20), (SEVENTH_LORA_BF16, 3),
         *((p, 1) for p in sorted((ROOT / "results" / "peers_bf16_ab").glob("*.json"))), *((p, 1) for p in PREFIX_AB),
         (EIGHTH, 10), *((p, 2) for p in GROUP_AB), (NINTH, 13), (MALLOC["default"], 3), (MALLOC["hugetlb"], 3),
-        *((p, 1) for p in REMAT_AB)]
+        *((p, 1) for p in REMAT_AB), *((p, 3) for p in FB_ROUNDS)]
 
 
 @pytest.mark.parametrize("record,least", RUNS, ids=[r.name for r, _ in RUNS])
@@ -158,10 +159,10 @@ def test_lora_bf16_quote_is_the_record():
     assert tools["jaxppo"]["peak_rss_mb"] < min(tools["tunix"]["peak_rss_mb"], tools["trl"]["peak_rss_mb"])
 
 
-def test_every_update_step_meets_the_targets_and_the_model_row_does_not():
-    """README: 'Every update step meets the 1.5x-Tunix / 1.3x-TRL targets; the float32 forward+backward (target 1.2x
-    Tunix) does not' is the record: float32 from the ninth run, bfloat16 DPO and LoRA-DPO from the seventh run (and
-    its bf16 LoRA run), GRPO and PPO from the eighth; the ninth run's float32 forward+backward below 1.2x Tunix."""
+def test_every_update_step_meets_the_targets_and_the_model_row_in_five_of_six_runs():
+    """README: 'Every update step meets the 1.5x-Tunix / 1.3x-TRL targets' is the record: float32 from the ninth run,
+    bfloat16 DPO and LoRA-DPO from the seventh run (and its bf16 LoRA run), GRPO and PPO from the eighth. The float32
+    forward+backward: at or above 1.2x Tunix in each of the five later runs, below it in the ninth."""
     rows = {k: v for k, v in {**_rows(SEVENTH), **_rows(SEVENTH_LORA_BF16)}.items() if k[0] in ("dpo", "lora")}
     rows.update(_rows(EIGHTH))
     rows.update({k: v for k, v in _rows(NINTH).items() if k[0] != "fwdbwd"})   # float32: the ninth run
@@ -174,9 +175,54 @@ def test_every_update_step_meets_the_targets_and_the_model_row_does_not():
         assert tools["jaxppo"]["peak_rss_mb"] < tools["tunix"]["peak_rss_mb"], (task, dtype)
     fb = _rows(NINTH)[("fwdbwd", "float32")]
     assert fb["tunix"]["s_per_update"] / fb["jaxppo"]["s_per_update"] < 1.2
+    assert all(r >= 1.2 for r in _fb_ratios("tunix"))
     text = " ".join((ROOT / "README.md").read_text().split())
-    assert ("Every update step meets the 1.5x-Tunix / 1.3x-TRL targets; the float32 forward+backward (target 1.2x "
-            "Tunix) does not") in text
+    assert "Every update step meets the 1.5x-Tunix / 1.3x-TRL targets; the float32 forward+backward met its" in text
+
+
+def _fb_ratios(peer: str) -> list[float]:
+    out = []
+    for f in FB_ROUNDS:
+        t = _rows(f)[("fwdbwd", "float32")]
+        out.append(t[peer]["s_per_update"] / t["jaxppo"]["s_per_update"])
+    return out
+
+
+def test_fwdbwd_rounds_are_five_rotated_runs_and_their_quotes():
+    """The five forward+backward runs after the ninth: one row each, every tool timed and agreeing on the loss, the
+    order rotated (jaxppo first in 1-3, Tunix in 4, TRL in 5); every number benchmarks/README.md and README quote."""
+    import statistics
+
+    recs = [json.loads(f.read_text()) for f in FB_ROUNDS]
+    assert [r["rows"][0]["order"][0] for r in recs] == ["jaxppo", "jaxppo", "jaxppo", "tunix", "trl"]
+    for r in recs:
+        (row,) = r["rows"]
+        assert (row["task"], row["dtype"]) == ("fwdbwd", "float32") and all(row["check"]["agree"].values())
+        assert r["machine"]["glibc_tunables"] is None
+    vt, vr = _fb_ratios("tunix"), _fb_ratios("trl")
+    n9 = _rows(NINTH)[("fwdbwd", "float32")]
+    six = vt + [n9["tunix"]["s_per_update"] / n9["jaxppo"]["s_per_update"]]
+    tools = [_rows(f)[("fwdbwd", "float32")] for f in FB_ROUNDS]
+    val = lambda tool, k: [t[tool][k] for t in tools]  # noqa: E731
+    bench = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    for quote in (
+            "The forward+backward against Tunix: " + ", ".join(f"{x:.2f}x" for x in vt[:-1]) + f" and {vt[-1]:.2f}x, "
+            f"median {statistics.median(vt):.2f}x, so at or above the 1.2x target in each of the five runs",
+            f"against TRL {min(vr):.2f}x to {max(vr):.2f}x; peak RSS {min(val('jaxppo', 'peak_rss_mb')):.0f}-"
+            f"{max(val('jaxppo', 'peak_rss_mb')):.0f} MiB in jaxppo, {min(val('tunix', 'peak_rss_mb')):.0f}-"
+            f"{max(val('tunix', 'peak_rss_mb')):.0f} MiB in Tunix",
+            f"jaxppo took {n9['jaxppo']['s_per_update']:.3f} s there against {min(val('jaxppo', 's_per_update')):.3f}-"
+            f"{max(val('jaxppo', 's_per_update')):.3f} s here, while Tunix took about what it takes here "
+            f"({n9['tunix']['s_per_update']:.3f} s against {min(val('tunix', 's_per_update')):.3f}-"
+            f"{max(val('tunix', 's_per_update')):.3f} s)",
+            f"Over the six runs of this code the median ratio is {statistics.median(six):.2f}x"):
+        assert quote in bench, quote
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    loads = [v[k][0] for r in json.loads(NINTH.read_text())["rows"] for v in r["tools"].values()
+             for k in ("loadavg_before", "loadavg_after") if v.get(k)]
+    assert f"(5 Dec 2026, AMD EPYC, 2 cores, 1-min load {min(loads):.1f}-{max(loads):.1f} from the run itself;" in readme
+    assert (f"met its 1.2x-Tunix one in five more runs ({min(vt):.2f}x-{max(vt):.2f}x, median "
+            f"{statistics.median(vt):.2f}x, `results/peers_fwdbwd_rounds/`), {six[-1]:.2f}x in the ninth") in readme
 
 
 def test_group_prompt_ab_is_two_rounds_of_each_layout_and_its_quote():
