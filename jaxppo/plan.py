@@ -35,7 +35,8 @@ devices), never from hand arithmetic:
 The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
 plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports: with
 16-bit compute the CPU unrolls the layer stack (``LMConfig.unroll_layers``, as a CPU run would) where an accelerator
-scans it, so a CPU plan's ``temp_bytes`` of a 16-bit accelerator config describe the unrolled programs. That
+scans it, so a CPU plan's ``temp_bytes`` of a 16-bit accelerator config describe the unrolled programs. ``model.remat:
+auto`` is planned as an accelerator resolves it (``false``) on simulated devices (``config.remat_note`` says so). That
 mesh is the GLOBAL one of a multi-host run (``launch/multihost.py``: ``mesh.data × mesh.fsdp × mesh.tensor`` counts
 the devices of all hosts): run the plan in one process, and its per-device bytes are what each chip holds.
 """
@@ -90,6 +91,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
 
     devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
+    cfg, remat_note = _remat_for_target(cfg, devices)
     m = cfg.mesh
     mesh, rules = mesh_from_config(m, devices)
     critic_hf = read_model_config(cfg.critic.model_path, "critic.model_path") \
@@ -138,7 +140,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     return {
         "config": {"model.path": str(cfg.model.path), "mesh": {"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor},
                    "param_dtype": cfg.model.param_dtype, "compute_dtype": cfg.model.compute_dtype,
-                   "remat": cfg.model.remat, "share_trunk": cfg.critic.share_trunk,
+                   "remat": cfg.model.remat, "remat_note": remat_note, "share_trunk": cfg.critic.share_trunk,
                    "prompt_length": cfg.data.max_prompt_length, "response_length": cfg.data.max_response_length,
                    "ppo_mini_batch_size": cfg.actor.ppo_mini_batch_size,
                    "ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size or cfg.actor.ppo_mini_batch_size,
@@ -160,6 +162,20 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
         "memory_analysis": memory,
         "seconds": {"build": round(build_s, 2), "compile": None if compile_s is None else round(compile_s, 2)},
     }
+
+
+def _remat_for_target(cfg: Any, devices) -> tuple[Any, str | None]:
+    """``(cfg, note)``: on simulated CPU devices (a plan for accelerators) ``model.remat: auto`` is planned as an
+    accelerator resolves it, i.e. ``false`` (nothing recomputed; ``LMConfig.remat_policy``), not as the planning
+    CPU would ("dots" for a scanned float32 stack, whose saved activations are smaller): otherwise the plan would
+    under-count the accelerator run's temporaries. A real single-device CPU plan keeps "auto"."""
+    import dataclasses
+
+    if cfg.model.remat != "auto" or not (devices[0].platform == "cpu" and len(devices) > 1):
+        return cfg, None
+    note = ("model.remat 'auto' planned as on an accelerator (false: every activation saved); on a CPU it saves only "
+            "the matrix products of a scanned float32 stack")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=False)), note
 
 
 def load_peak(cfg: Any, hf_config: dict, device, *, model_shards: int = 1) -> dict | None:
@@ -241,6 +257,8 @@ def format_table(p: dict) -> str:
         rows.append(f"fits {p['hbm_gib']} GiB per device: {'yes' if p['fits'] else 'NO'}")
     if p["temp_note"]:
         rows.append(p["temp_note"])
+    if p["config"].get("remat_note"):
+        rows.append(p["config"]["remat_note"])
     return "\n".join([head, *rows])
 
 

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.config import load_config
 from jaxppo.parallel import make_mesh
-from jaxppo.plan import GiB, plan, tree_bytes
+from jaxppo.plan import GiB, format_table, plan, tree_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 # Qwen/Qwen2.5-7B-Instruct config.json (the shapes only; tests/trainer/test_examples.py QWEN25_7B)
@@ -76,6 +76,24 @@ def test_stories260k_plan_compiles_and_counts(stories_model):
         assert b["total_bytes"] == sum(b[k] for k in b if k != "total_bytes")
     assert p["fits"] is True and p["devices"] == {"count": 1, "platform": "cpu", "simulated": False}
     json.dumps(p)  # JSON-able
+
+
+def test_remat_auto_is_planned_for_the_target(stories_model):
+    """On simulated devices (a plan for accelerators) model.remat 'auto' compiles the accelerator's program (nothing
+    recomputed: the same temporaries as remat=false, and said so); a single real CPU device keeps the CPU's 'dots',
+    whose update step saves less."""
+    over = [f"model.path={stories_model}", "mesh.fsdp=1", "mesh.tensor=1"]
+    temps = lambda p: p["temp_by_phase"]["step"]   # noqa: E731
+    two = {r: plan(load_config(REPO / "configs/smoke.yaml", [*over, "mesh.data=2", f"model.remat={r}"]),
+                   devices=jax.devices()[:2]) for r in ("auto", "false")}
+    assert temps(two["auto"]) == temps(two["false"])
+    assert "planned as on an accelerator" in two["auto"]["config"]["remat_note"]
+    assert two["auto"]["config"]["remat"] is False and two["false"]["config"]["remat_note"] is None
+    assert "planned as on an accelerator" in format_table(two["auto"])
+    one = {r: plan(load_config(REPO / "configs/smoke.yaml", [*over, "mesh.data=1", f"model.remat={r}"]),
+                   devices=jax.devices()[:1]) for r in ("auto", "false")}
+    assert one["auto"]["config"]["remat"] == "auto" and one["auto"]["config"]["remat_note"] is None
+    assert temps(one["auto"]) < temps(one["false"])
 
 
 def test_gpu_example_fits_80gb_with_optimizer_at_its_eighth(qwen_dir):
