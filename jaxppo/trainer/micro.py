@@ -82,15 +82,26 @@ def micro_grads(grad_fn: Callable, params: Any, args: tuple, n_micro: int, mesh:
     return jax.tree.map(lambda g: g / n_micro, gsum), aux
 
 
-def chunked_map(fn: Callable, xs: Any, chunk: int, mesh: Any = None) -> Any:
+def chunked_map(fn: Callable, xs: Any, chunk: int, mesh: Any = None, *, group_size: int = 1) -> Any:
     """``fn`` over ``xs`` (a pytree of ``[N, ...]`` arrays) in ``chunk``-row pieces with ``lax.map``; the pieces are
-    the strided micro-batches of ``N / chunk`` (module doc) and the per-row outputs come back in row order."""
+    the strided micro-batches of ``N / chunk`` (module doc) and the per-row outputs come back in row order.
+
+    ``group_size = n > 1``: the rows are whole groups of ``n`` consecutive rows, and every piece gets whole groups,
+    each as ``n`` consecutive rows (the rows reordered by :func:`group_micro_order` before the split, the outputs
+    put back in row order after), so ``fn`` may treat a piece's rows ``k·n .. k·n+n−1`` as one group."""
     n = jax.tree.leaves(xs)[0].shape[0]
     if chunk < 1 or n % chunk:
         raise ValueError(f"{n} rows are not a multiple of the chunk {chunk}")
+    perm = group_micro_order(n, group_size, n // chunk)
+    if perm is not None:
+        xs = jax.tree.map(lambda v: v[perm], xs)
     parts = split_micro(xs, n // chunk, mesh)
     out = jax.lax.map(lambda part: fn(jax.tree.map(lambda v: constrain_batch(v, mesh, axis=0), part)), parts)
-    return jax.tree.map(strided_merge, out)
+    out = jax.tree.map(strided_merge, out)
+    if perm is not None:
+        inv = np.argsort(perm)
+        out = jax.tree.map(lambda v: v[inv], out)
+    return out
 
 
 def group_micro_order(batch: int, group_size: int, n_micro: int) -> np.ndarray | None:

@@ -33,7 +33,7 @@ import numpy as np
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.replay.filtered import filtered_stored_priority
-from jaxppo.trainer.micro import chunked_map, group_micro_order
+from jaxppo.trainer.micro import chunked_map
 from jaxppo.trainer.ppo.batch import BufferItem, Prepared, Tokens
 from jaxppo.trainer.ppo.forward import (
     logp_entropy,
@@ -92,9 +92,9 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
 
     ``replay.group_size = n > 1``: the buffer holds whole prompt groups in order (``setup.check_whole_groups``,
     ``group_windows``; its padding slots make whole blocks of ``n`` too, the capacity being a multiple of the chunk,
-    itself a multiple of ``n``), so the forward passes run in the update step's layout: the rows are reordered to
-    put whole groups in every strided chunk (``micro.group_micro_order``), each group's prompt goes through the
-    trunk once (``forward.response_hidden``), and the outputs return to buffer order.
+    itself a multiple of ``n``), so the forward passes run in the update step's layout: every strided chunk holds
+    whole groups (``micro.chunked_map(group_size=n)``), each group's prompt goes through the trunk once
+    (``forward.response_hidden``), and the outputs come back in buffer order.
     """
     hp = step_hparams(cfg) if hp is None else hp
     ah = hp.advantage
@@ -109,7 +109,6 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
     def prepare(state, base=None):
         item: BufferItem = state.replay.storage
         d = item.data
-        fw = d.filter_w
 
         def one(batch: Tokens):
             if critic is None:
@@ -120,17 +119,12 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_sharding
             logp, _ = logp_entropy(logits, batch.response_ids, batch.response_mask)
             return logp, values
 
-        rows = fw.shape[0]
-        perm = group_micro_order(rows, n, rows // chunk)   # whole groups in every chunk (None: no reordering)
-        tokens = Tokens.of(d) if perm is None else jax.tree.map(lambda x: x[perm], Tokens.of(d))
-        prox_logp, values = chunked_map(one, tokens, chunk, mesh=mesh)
-        if perm is not None:   # back to buffer order
-            inv = np.argsort(perm)
-            prox_logp, values = prox_logp[inv], None if values is None else values[inv]
+        prox_logp, values = chunked_map(one, Tokens.of(d), chunk, mesh=mesh, group_size=n)   # whole groups per chunk
         prox_logp = jax.lax.stop_gradient(prox_logp)
         m = d.response_mask.astype(jnp.float32)
         rewards = token_rewards(d.score, d.response_mask, prox_logp, d.ref_logp, kl_coef=state.kl_coef,
                                 use_kl_in_reward=ah.use_kl_in_reward, kl_kind=ah.kl_penalty)
+        fw = d.filter_w
         delta = None
         if values is not None:
             values = values * m

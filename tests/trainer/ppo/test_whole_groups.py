@@ -20,7 +20,7 @@ from jaxppo.trainer.micro import strided_split
 from jaxppo.trainer.ppo.forward import response_hidden, response_logits, response_logits_values, response_values
 from jaxppo.trainer.ppo.hparams import step_hparams
 from jaxppo.trainer.ppo.setup import build_run, check_whole_groups
-from jaxppo.trainer.micro import group_micro_order
+from jaxppo.trainer.micro import chunked_map, group_micro_order
 from jaxppo.trainer.ppo.steps import make_phases
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -173,6 +173,28 @@ def test_prepare_pass_in_whole_groups_equals_the_row_layout(make_cfg_module, ove
             assert not np.asarray(b)[~m].any(), f   # 0 outside the responses, padding slots included
     np.testing.assert_allclose(np.asarray(four.priorities), np.asarray(one.priorities), rtol=1e-3, atol=1e-5)
     assert np.asarray(one.priorities).std() > 0
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_chunked_map_with_groups_gives_each_piece_whole_groups_and_returns_row_order(jit):
+    """24 rows in groups of 4 (row r in group r // 4), pieces of 8 (3 strided pieces): with group_size=4 every
+    piece's rows k·4 .. k·4+3 are one group (fn reads each row's group as its block's first row), and the outputs
+    come back in row order; without it, a piece's blocks of 4 mix groups."""
+    rows = jnp.arange(24)
+
+    def fn(piece):
+        block_first = piece.reshape(-1, 4)[:, :1]
+        return {"row": piece, "group_of_block": jnp.broadcast_to(block_first // 4, (piece.shape[0] // 4, 4)).reshape(-1)}
+
+    f = jax.jit(chunked_map, static_argnums=(0, 2), static_argnames="group_size") if jit else chunked_map
+    out = f(fn, rows, 8, group_size=4)
+    np.testing.assert_array_equal(out["row"], np.arange(24))
+    np.testing.assert_array_equal(out["group_of_block"], np.arange(24) // 4)
+    plain = f(fn, rows, 8, group_size=1)
+    np.testing.assert_array_equal(plain["row"], np.arange(24))
+    assert not np.array_equal(plain["group_of_block"], np.arange(24) // 4)
+    with pytest.raises(ValueError, match="whole groups"):
+        chunked_map(fn, jnp.arange(16), 8, group_size=3)
 
 
 def test_group_micro_order_keeps_whole_groups_in_every_micro_batch():
