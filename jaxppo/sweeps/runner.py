@@ -67,20 +67,24 @@ def _jsonable(x):
     return json.loads(json.dumps(x))
 
 
-def config_changes(run: RunSpec) -> list[str]:
-    """``"key: old -> new"`` for each config key where the ``config.json`` in ``run``'s folder (written by the
-    trainer when that run started) differs from the config the sweep file plans for it today; ``[]`` when there is
-    no such file (or it is half-written: the trainer rewrites it) or nothing differs. ``old`` is ``(absent)`` for
-    a key the run's code did not have yet."""
+def config_changes(run: RunSpec) -> dict[str, str]:
+    """``{key: "old -> new"}`` for each dotted config key where the ``config.json`` in ``run``'s folder (written by
+    the trainer when that run started) differs from the config the sweep file plans for it today; empty when there
+    is no such file (or it is half-written: the trainer rewrites it) or nothing differs. ``old`` is ``(absent)``
+    for a key the run's code did not have yet."""
     f = run.out_dir / "config.json"
     if not f.is_file() or not run.config:
-        return []
+        return {}
     try:
         old = json.loads(f.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        return []
+        return {}
     new = _jsonable(run.config)
-    return [f"{k}: {_show(_get(old, k))} -> {_show(_get(new, k))}" for k in sorted(_diff_keys(old, new))]
+    return {k: f"{_show(_get(old, k))} -> {_show(_get(new, k))}" for k in sorted(_diff_keys(old, new))}
+
+
+def _listed(changes: dict[str, str], most: int) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in list(changes.items())[:most])
 
 
 def check_not_stale(runs: Sequence[RunSpec], log: Callable[[str], None] = print) -> None:
@@ -99,16 +103,16 @@ def check_not_stale(runs: Sequence[RunSpec], log: Callable[[str], None] = print)
         changes = config_changes(run)
         if changes:
             raise SweepError(f"run {run.key}: {run.out_dir / 'config.json'} was written with a different config "
-                             f"({'; '.join(changes[:8])}); the sweep file changed since: delete that run folder or "
+                             f"({_listed(changes, 8)}); the sweep file changed since: delete that run folder or "
                              "use another output_dir")
     changed = {r.key: config_changes(r) for r in runs if is_done(r)}
     changed = {k: v for k, v in changed.items() if v}
     if not changed:
         return
-    keys = sorted({c.split(":")[0] for v in changed.values() for c in v})
-    first = next(iter(changed.values()))
+    keys = sorted({k for v in changed.values() for k in v})
+    example = next(iter(changed))
     what = (f"{len(changed)} finished runs were made with another config than the sweep file gives today "
-            f"(keys {', '.join(keys[:8])}; e.g. {next(iter(changed))}: {'; '.join(first[:4])})")
+            f"(keys {', '.join(keys[:8])}; e.g. {example}: {_listed(changed[example], 4)})")
     if pending:
         raise SweepError(f"{what}: running the {len(pending)} other runs would mix configs in one table; use "
                          "--output-dir for a new sweep, or set the old values in the sweep file's overrides")
