@@ -13,16 +13,17 @@ extended`` (more variants, same ``<stem>`` folder) is never run by a notebook; :
 of its variants that ``python -m jaxppo.sweep --config FILE --profile extended`` has finished there.
 
 :func:`mismatch` and :func:`verdict` are :mod:`jaxppo.sweeps.results`'s (one implementation for the notebooks and
-``python -m jaxppo.sweeps.report``). Rule used by :func:`verdict` (stated in every notebook): variant ``v`` vs the
-baseline ``b`` on the final held-out reward, seed by seed (seed ``k`` of both shares the evaluation key, the
-reference evaluation and the replay key): the differences ``d_k = v_k - b_k`` and their 95% t-interval:
+``python -m jaxppo.sweeps.report``). Rule used by :func:`verdict` (:mod:`jaxppo.sweeps.family`): variant ``v`` vs
+the baseline ``b`` on the sweep's primary test (default: the final held-out reward), seed by seed (seed ``k`` of
+both shares the evaluation key, the reference evaluation and the replay key): the differences ``d_k = v_k - b_k``,
+their paired t-test p-value Holm-adjusted over the sweep's variants:
 
-- the interval above 0: "higher"; below 0: "lower";
+- adjusted p < 0.05 and the mean difference above 0: "higher"; below 0: "lower";
 - otherwise "no difference measured";
 - fewer than 2 seeds finished in both: "not measurable".
 
-The exact sign-flip p-value, the AUC difference and the first-passage comparison are quoted with it; the error
-rates of all of them are measured by ``python -m jaxppo.sweeps.calibrate``.
+The secondary tests (the values at 25% and 50% of the budget, the AUC, the first passage) are quoted with their
+p-values Holm-adjusted together; the family-wise error rates are measured by ``python -m jaxppo.sweeps.calibrate``.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def _load(out, spec, variants: list[str]):
     for _, r in res[res["status"] != "ok"].iterrows():
         curves.append(RunCurve(r["variant"], int(r["seed"]), str(r["status"]), str(r["error"])))
     summary = pd.DataFrame(summarize(curves, variants, spec.baseline, spec.budget_samples,
-                                     metric=METRICS[spec.command]))
+                                     metric=METRICS[spec.command], primary=spec.primary))
     return ok.reset_index(drop=True), summary, curves, spec
 
 

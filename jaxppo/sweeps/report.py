@@ -2,7 +2,9 @@
 
 The Results tables of finished sweeps, generated only from committed files: ``<output_root>/<stem>/summary.csv``
 (written by ``python -m jaxppo.sweep --config SWEEP``), the runs' ``metrics.jsonl`` under it (behaviour mismatch)
-and the calibration file (``--calibration``, default ``results/calibration.json``). Per sweep, one table:
+and the sweep's own A/A calibration ``<output_root>/<stem>/calibration.json`` (``--calibrate`` writes it first:
+``python -m jaxppo.sweeps.calibrate --from <output_root>/<stem>``, the noise model fitted to that sweep, its number
+of variants, seeds and primary test, normal and heavy-tailed noise). Per sweep, one table:
 
 | variant | seeds | final reward [95% CI] | seed sd | final KL | paired final diff [95% CI], p | AUC diff [95% CI] |
 first reaches target: earlier/later/same (median samples) | behaviour mismatch at step 1 |
@@ -20,10 +22,14 @@ first reaches target: earlier/later/same (median samples) | behaviour mismatch a
 
 Under each table: the power line (the paired t-test's smallest final difference detected with 80% power at the
 5% level, :func:`jaxppo.sweeps.stats.min_detectable_effect`, from the sweep's pooled sd of the paired final
-differences and its seed count; the sign-flip test's smallest possible p), the calibration's verdict (whether
-every statistic held its nominal rate on synthetic A/A sweeps), the evaluation-noise line (:func:`noise_line`, from
-``results.csv``: the baseline's spread over seeds at 0 samples against its final seed sd), and one verdict line per variant
-(:func:`jaxppo.sweeps.results.verdict`). A sweep without ``summary.csv`` is listed as "not run".
+differences and its seed count; the sign-flip test's smallest possible p), the calibration line
+(:func:`calibration_line`: the family-wise false-claim rates of the primary verdicts and of the secondary tests on
+synthetic A/A sweeps of this sweep's noise, with their exact intervals and whether they are within nominal by the
+rule of :mod:`jaxppo.sweeps.calibrate`), the evaluation-noise line (:func:`noise_line`, from ``results.csv``: the
+baseline's spread over seeds at 0 samples against its final seed sd), and one verdict line per variant
+(:func:`jaxppo.sweeps.results.verdict`: the primary test gives the word, Holm-adjusted over the variants; the
+secondary tests follow, Holm-adjusted together; :mod:`jaxppo.sweeps.family`). A sweep without ``summary.csv`` is
+listed as "not run".
 
 The block replaces the text between ``<!-- sweep-results:begin -->`` and ``<!-- sweep-results:end -->`` in
 ``--out`` (default ``docs/results.md``; created with the markers when missing; ``--readme FILE`` is the same
@@ -39,7 +45,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxppo.sweeps import stats
+from jaxppo.sweeps import family, stats
 from jaxppo.sweeps.results import (_float, format_ci, initial_eval_sd, mismatch, read_csv, summary_by_variant,
                                    verdict)
 from jaxppo.sweeps.spec import DEFAULT_ROOT, SweepError, load_sweep
@@ -49,13 +55,16 @@ DEFAULT_SWEEPS = tuple(f"configs/sweeps/{n}.yaml" for n in (
     "is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "quickstart_replay",
     "pf_filters", "critic_free"))
 DEFAULT_OUT = "docs/results.md"
-DEFAULT_CALIBRATION = "results/calibration.json"
+CALIBRATION_FILE = "calibration.json"   # in each sweep's output folder
 BEGIN, END = "<!-- sweep-results:begin -->", "<!-- sweep-results:end -->"
 HEADER = ("variant", "seeds", "final [95% CI]", "seed sd", "final KL", "paired final diff [95% CI], p",
           "AUC diff [95% CI]", "first reaches target: earlier/later/same, p (median samples)",
           "behaviour mismatch at step 1")
-RULE = ('Verdicts (seed-paired difference of the final value, 95% t-interval: "higher"/"lower" when it excludes 0, '
-        'else "no difference measured"):')
+def rule(primary: str) -> str:
+    """The sentence above a sweep's verdict lines."""
+    return (f"Verdicts (primary test: {family.NAMES[primary]}, seed-paired, p-values Holm-adjusted over the sweep's "
+            'variants: "higher"/"lower" when the adjusted p < 0.05, else "no difference measured"; the secondary tests '
+            "are Holm-adjusted together and describe, they do not decide):")
 
 
 def _mismatch_cell(m: dict) -> str:
@@ -84,8 +93,7 @@ def _passage_cell(r: dict, first: float, budget: float) -> str:
             f" vs {_median(_float(r['baseline_median_samples_to_target']), first, budget)})")
 
 
-def power_line(rows: Sequence[dict], calibration: dict | None, calibration_path: str,
-               baseline: dict | None = None) -> str:
+def power_line(rows: Sequence[dict], baseline: dict | None = None) -> str:
     """The line printed under a sweep's table (module docstring). When every paired difference is exactly 0 (the
     arms ran the same computation, e.g. an A/A sweep on a deterministic backend) the power is quoted for
     independent arms at the baseline's seed sd instead (paired sd ``sqrt(2) x seed sd``)."""
@@ -114,10 +122,31 @@ def power_line(rows: Sequence[dict], calibration: dict | None, calibration_path:
         line = "Power: not estimable (every paired final difference and the baseline's seed sd are 0)"
     line += (f"; the exact sign-flip test's smallest p is {stats.min_sign_flip_p(n):.4g}"
              + (" (it cannot reach 0.05 with this many seeds)" if stats.min_sign_flip_p(n) > stats.ALPHA else "") + ".")
-    if calibration is not None:
-        line += (f" A/A calibration ({calibration_path}, {calibration.get('n')} synthetic sweeps per design): every "
-                 f"statistic within its nominal rate: {'yes' if calibration.get('all_ok') else 'NO'}.")
     return line
+
+
+def calibration_line(cal: dict | None, path: str) -> str:
+    """The calibration line under a sweep's table (module docstring), from the document of
+    ``python -m jaxppo.sweeps.calibrate --from`` (``None``: not calibrated)."""
+    if cal is None:
+        return f"A/A calibration: not run for this sweep (no {path}; python -m jaxppo.sweeps.report --calibrate)."
+    parts = []
+    for d in cal["designs"]:
+        fp, fs, u = d["family"]["fwer_primary"], d["family"]["fwer_secondary"], d["uncorrected_any"]
+        parts.append(f"{d['tails']} noise: primary {_pct(fp)}, secondary {_pct(fs)} (uncorrected, any test: "
+                     f"{u['rate']:.1%})")
+    rule = cal.get("rule", {})
+    return (f"A/A calibration ({path}: {cal['n']} synthetic sweeps per design with this sweep's fitted noise, "
+            f"{cal['variants']} variant(s), {cal['designs'][0]['n_seeds']} seeds, primary {cal['primary']}): "
+            f"family-wise false-claim rates, {'; '.join(parts)}; within the nominal 5% (exact "
+            f"{rule.get('interval_level', 0.99):.0%} interval's lower end <= 5% and rate <= 5% + "
+            f"{rule.get('mc_z', 2.576)} Monte Carlo errors): {'yes' if cal.get('family_ok') else 'NO'}; every single "
+            f"test and coverage: {'yes' if cal.get('all_ok') else 'NO'}.")
+
+
+def _pct(r: dict) -> str:
+    lo, hi = r["interval"]
+    return f"{r['rate']:.1%} [{lo:.1%}, {hi:.1%}]"
 
 
 def noise_line(results: Sequence[dict], baseline: str, baseline_row: dict) -> str:
@@ -133,16 +162,15 @@ def noise_line(results: Sequence[dict], baseline: str, baseline_row: dict) -> st
             f"value varies with sd {sd0:.4f} over {n} seeds, against the baseline's final seed sd {final:.4f}{share}.")
 
 
-def sweep_report(sweep_file: str | Path, output_root: str | Path, calibration: dict | None = None,
-                 calibration_path: str = DEFAULT_CALIBRATION) -> list[str]:
-    """The markdown lines of one sweep (heading, table, power line, verdicts); ``SweepError`` for an invalid
-    sweep file."""
+def sweep_report(sweep_file: str | Path, output_root: str | Path) -> list[str]:
+    """The markdown lines of one sweep (heading, table, power and calibration lines, verdicts); ``SweepError``
+    for an invalid sweep file."""
     spec = load_sweep(sweep_file)
     out = Path(output_root) / Path(sweep_file).stem
     path = out / "summary.csv"
     metric = "held-out pair accuracy" if spec.command == "dpo" else "held-out reward"
-    head = [f"#### {spec.name} ({metric}; baseline {spec.baseline}; {spec.budget_samples} samples, evaluated every "
-            f"{spec.eval.every_samples})", ""]
+    head = [f"#### {spec.name} ({metric}; baseline {spec.baseline}; primary test {spec.primary}; "
+            f"{spec.budget_samples} samples, evaluated every {spec.eval.every_samples})", ""]
     if not path.is_file():
         return [*head, f"not run (no {path})", ""]
     rows = read_csv(path)
@@ -166,12 +194,35 @@ def sweep_report(sweep_file: str | Path, output_root: str | Path, calibration: d
     if spec.baseline not in by_var:
         return [*lines, f"baseline {spec.baseline!r} is not in {path}", ""]
     others = [r for v, r in by_var.items() if v != spec.baseline]
-    lines += [power_line(others, calibration, calibration_path, by_var[spec.baseline]), ""]
+    cal_path = out / CALIBRATION_FILE
+    cal = json.loads(cal_path.read_text(encoding="utf-8")) if cal_path.is_file() else None
+    lines += [power_line(others, by_var[spec.baseline]), "", calibration_line(cal, cal_path.as_posix()), ""]
     if (out / "results.csv").is_file():
         lines += [noise_line(read_csv(out / "results.csv"), spec.baseline, by_var[spec.baseline]), ""]
-    lines += [RULE,
-              *(f"- {verdict(rows, v, spec.baseline)}" for v in by_var if v != spec.baseline), ""]
+    lines += [rule(spec.primary),
+              *(f"- {verdict(rows, v, spec.baseline, spec.primary)}" for v in by_var if v != spec.baseline), ""]
     return lines
+
+
+def calibrate_sweep(sweep_file: str | Path, output_root: str | Path, n: int = 2000, seed: int = 0) -> Path | None:
+    """Run the A/A calibration of one finished sweep (``python -m jaxppo.sweeps.calibrate --from``: its fitted
+    noise, variants, seeds and primary test; normal and heavy-tailed noise; no simulated power search, the power
+    line is analytic) into its ``calibration.json``; ``None`` when the sweep has no ``summary.csv``."""
+    from jaxppo.sweeps import calibrate
+
+    spec = load_sweep(sweep_file)
+    out = Path(output_root) / Path(sweep_file).stem
+    if not (out / "summary.csv").is_file():
+        return None
+    model = calibrate.model_from_sweep(out)
+    design = calibrate.sweep_design(out)
+    seeds = [design["seeds"]] if design["seeds"] >= 2 else [len(spec.seeds)]
+    doc = calibrate.run(model, seeds, n, seed, legacy_resamples=0, variants=design["variants"],
+                        primary=spec.primary, tails=calibrate.TAILS, power_grid=0)
+    doc["model"]["source"] = f"sweep {out.as_posix()} (baseline {spec.baseline})"
+    path = out / CALIBRATION_FILE
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True, default=float) + "\n", encoding="utf-8")
+    return path
 
 
 def render_table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -196,11 +247,6 @@ def replace_between_markers(text: str, block: str, *, where: str) -> str:
     return text[:i] + "\n" + block.rstrip("\n") + "\n" + text[j:]
 
 
-def _load_calibration(path: str) -> dict | None:
-    p = Path(path)
-    return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     prog = "python -m jaxppo.sweeps.report"
     ap = argparse.ArgumentParser(prog=prog, description="The Results tables (final value, seed-paired comparisons, "
@@ -209,18 +255,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="sweep files (default: the sweeps of the notebooks)")
     ap.add_argument("--output-root", default=DEFAULT_ROOT,
                     help=f"each sweep's outputs are read from <output-root>/<stem> (default {DEFAULT_ROOT})")
-    ap.add_argument("--calibration", default=DEFAULT_CALIBRATION,
-                    help=f"the calibration file quoted under each table (default {DEFAULT_CALIBRATION})")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="first (re)write each finished sweep's A/A calibration (<output-root>/<stem>/calibration.json)")
+    ap.add_argument("--calibration-sweeps", type=int, default=2000,
+                    help="synthetic A/A sweeps per design with --calibrate (default 2000)")
     ap.add_argument("--out", "--readme", dest="out", default=DEFAULT_OUT,
                     help=f"replace the text between {BEGIN} and {END} in this file (default {DEFAULT_OUT}; "
                          "created when missing)")
     ap.add_argument("--print", dest="print_only", action="store_true", help="only print the block")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    cal = _load_calibration(args.calibration)
     lines: list[str] = []
     try:
         for f in args.sweeps:
-            lines += sweep_report(f, args.output_root, cal, args.calibration)
+            if args.calibrate:
+                path = calibrate_sweep(f, args.output_root, n=args.calibration_sweeps)
+                if path is not None:
+                    print(f"{prog}: wrote {path}", file=sys.stderr)
+            lines += sweep_report(f, args.output_root)
     except SweepError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

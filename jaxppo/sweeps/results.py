@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxppo.sweeps import stats
+from jaxppo.sweeps import family, stats
 
 RESULT_COLUMNS = ("variant", "seed", "step", "samples", "tokens", "reward", "kl", "wall_time_s", "estimated",
                   "status", "error")
@@ -68,9 +68,9 @@ SUMMARY_COLUMNS = (
     "variant", "metric", "n_seeds", "n_failed", "missing_evals", "final_reward_mean", "final_reward_ci95_lo",
     "final_reward_ci95_hi", "final_seed_sd", "final_kl_mean", "auc_mean", "auc_ci95_lo", "auc_ci95_hi", "n_pairs",
     "final_diff_sd",
-    *(f"{k}{s}" for k in _PAIR_KEYS for s in ("", "_lo", "_hi", "_p")),
+    *(f"{k}{s}" for k in _PAIR_KEYS for s in ("", "_lo", "_hi", "_p", "_t_p")),
     "target", "earlier", "later", "ties", "passage_p", "median_samples_to_target",
-    "baseline_median_samples_to_target", "below_first_eval", "beyond_budget")
+    "baseline_median_samples_to_target", "below_first_eval", "beyond_budget", *family.COLUMNS)
 METRICS = {"train": "eval/reward_mean", "dpo": "eval/rewards/accuracies"}
 
 
@@ -206,9 +206,9 @@ def arm_stats(x: np.ndarray, y: np.ndarray) -> dict:
 
 def _put(row: dict, key: str, p: stats.Paired | None) -> None:
     if p is None:
-        row[key] = row[key + "_lo"] = row[key + "_hi"] = row[key + "_p"] = math.nan
+        row[key] = row[key + "_lo"] = row[key + "_hi"] = row[key + "_p"] = row[key + "_t_p"] = math.nan
     else:
-        row[key], row[key + "_lo"], row[key + "_hi"], row[key + "_p"] = p.mean, p.lo, p.hi, p.p
+        row[key], row[key + "_lo"], row[key + "_hi"], row[key + "_p"], row[key + "_t_p"] = p.mean, p.lo, p.hi, p.p, p.p_t
 
 
 def compare_arms(x: np.ndarray, yv: np.ndarray, yb: np.ndarray) -> dict:
@@ -269,8 +269,10 @@ def _arm(curves: Sequence[RunCurve], v: str, budget: int) -> tuple[np.ndarray | 
 
 
 def summarize(curves: Sequence[RunCurve], variants: Sequence[str], baseline: str, budget: int, *,
-              metric: str = METRICS["train"]) -> list[dict]:
-    """One summary row per variant (see the module docstring); the baseline's paired columns are empty."""
+              metric: str = METRICS["train"], primary: str = family.PRIMARY_DEFAULT) -> list[dict]:
+    """One summary row per variant (see the module docstring); the baseline's paired columns are empty. The
+    family-wise columns (:mod:`jaxppo.sweeps.family`: the verdict from the ``primary`` test, Holm-adjusted p-values)
+    are added over all variants at once."""
     bx, by = _arm(curves, baseline, budget)
     rows = []
     for v in variants:
@@ -295,7 +297,7 @@ def summarize(curves: Sequence[RunCurve], variants: Sequence[str], baseline: str
             if seeds:
                 row.update(compare_arms(x, np.stack([y[s] for s in seeds]), np.stack([by[s] for s in seeds])))
         rows.append(row)
-    return rows
+    return family.apply(rows, baseline, primary)
 
 
 def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
@@ -323,7 +325,7 @@ def write_results(spec, runs, failures: dict[str, dict]) -> tuple[list[RunCurve]
     out = Path(spec.output_dir)
     write_csv(out / "results.csv", result_rows(curves), RESULT_COLUMNS)
     summary = summarize(curves, list(spec.variants), spec.baseline, spec.budget_samples,
-                        metric=METRICS[spec.command])
+                        metric=METRICS[spec.command], primary=spec.primary)
     write_csv(out / "summary.csv", summary, SUMMARY_COLUMNS)
     return curves, summary
 
@@ -409,36 +411,54 @@ def _p(p: float) -> str:
     return "n/a" if math.isnan(p) else (f"{p:.3f}" if p >= 0.001 else f"{p:.1e}")
 
 
-def verdict(summary, variant: str, baseline: str) -> str:
+def verdict(summary, variant: str, baseline: str, primary: str | None = None) -> str:
     """One sentence comparing ``variant`` with ``baseline`` (``summary``: see :func:`summary_by_variant`).
 
-    Rule: the seed-paired difference of the final value (variant - baseline) with its 95% t-interval:
-    "higher" when the interval lies above 0, "lower" when below, otherwise "no difference measured"; fewer than
-    2 paired seeds: "not measurable". The exact sign-flip p-value of the same differences, the AUC difference and
-    the first-passage comparison (earlier / later / ties, sign-flip p) follow. Their false-positive rates are
-    measured by ``python -m jaxppo.sweeps.calibrate``.
+    Rule (:mod:`jaxppo.sweeps.family`): the verdict word comes from the sweep's primary test alone (``primary``,
+    else the summary's ``primary`` column, else ``final``), its p-value Holm-adjusted over the sweep's variants;
+    "not measurable" with fewer than 2 paired seeds. The secondary tests follow with their p-values Holm-adjusted
+    over all secondary tests of the sweep; they describe, they are not findings. The family-wise error rates of
+    both families are measured by ``python -m jaxppo.sweeps.calibrate``.
     """
     rows = summary_by_variant(summary)
     for name in (variant, baseline):
         if name not in rows:
             raise ValueError(f"verdict: variant {name!r} is not in the summary (variants: {', '.join(rows)})")
+    prim = primary or str(rows[variant].get("primary") or "") or family.PRIMARY_DEFAULT
+    if primary is not None or any(not str(r.get("primary") or "") for r in rows.values()):
+        rows = {str(r["variant"]): r for r in family.apply(list(rows.values()), baseline, prim)}
     v, b = rows[variant], rows[baseline]
     n = int(_num(v, "n_pairs")) if math.isfinite(_num(v, "n_pairs")) else 0
-    p = stats.Paired(_num(v, "final_diff"), _num(v, "final_diff_lo"), _num(v, "final_diff_hi"),
-                     _num(v, "final_diff_p"), n)
-    word = p.word
+    word = family.word(v, prim)
     head = f"{variant} vs {baseline}: final {_metric_name(v)} {_final_ci(v)} vs {_final_ci(b)}"
     if word == "not measurable":
         return f"{head}: not measurable (fewer than 2 seeds finished in both arms)."
-    ef = (f"first reaches {_num(v, 'target'):.3f} earlier in {int(_num(v, 'earlier'))}, later in "
-          f"{int(_num(v, 'later'))}, same evaluation in {int(_num(v, 'ties'))} of {n} seeds "
-          f"(sign-flip p {_p(_num(v, 'passage_p'))})") if math.isfinite(_num(v, "target")) else ""
+    k = sum(1 for r in rows.values() if str(r["variant"]) != baseline)
+    parts = {t: _test_text(v, t, n) for t in family.TESTS}
+    over = f"over {k} variants" if k > 1 else "one variant: no adjustment"
+    secondary = "; ".join(parts[t] for t in family.TESTS if t != prim and parts[t])
     missing = str(v.get("missing_evals", "") or "")
-    auc = format_ci(_num(v, "auc_diff"), _num(v, "auc_diff_lo"), _num(v, "auc_diff_hi"))
-    return (f"{head}: {word} (paired difference {format_ci(p.mean, p.lo, p.hi)}, {n} seeds, sign-flip p "
-            f"{_p(p.p)}); AUC difference {auc}"
-            + (f"; {ef}" if ef else "") + (f"; missing evaluations: {missing}" if missing and missing != "nan" else "")
-            + ".")
+    return (f"{head}: {word} (primary, {family.NAMES[prim]}: {parts[prim]}; Holm {over})"
+            + (f"; secondary, Holm-adjusted over {4 * k} tests: {secondary}" if secondary else "")
+            + (f"; missing evaluations: {missing}" if missing and missing != "nan" else "") + ".")
+
+
+def _test_text(v: dict, test: str, n: int) -> str:
+    """One test of a variant's row as text: its difference (or first-passage counts), raw and Holm p."""
+    holm = _num(v, f"{test}_p_holm")
+    if test == "first_passage":
+        if not math.isfinite(_num(v, "target")):
+            return ""
+        return (f"first reaches {_num(v, 'target'):.3f} earlier in {int(_num(v, 'earlier'))}, later in "
+                f"{int(_num(v, 'later'))}, same evaluation in {int(_num(v, 'ties'))} of {n} seeds "
+                f"(sign-flip p {_p(_num(v, 'passage_p'))}, Holm p {_p(holm)})")
+    key = family.TESTS[test][0]
+    if not math.isfinite(_num(v, key)):
+        return ""
+    label = {"final": "final difference", "at25": "difference at 25%", "at50": "difference at 50%",
+             "auc": "AUC difference"}[test]
+    return (f"{label} {format_ci(_num(v, key), _num(v, key + '_lo'), _num(v, key + '_hi'))}, {n} seeds "
+            f"(t p {_p(_num(v, key + '_t_p'))}, Holm p {_p(holm)})")
 
 
 def _final_ci(row: dict) -> str:

@@ -12,7 +12,8 @@ A sweep file is YAML, read and checked by the config loader (``jaxppo.config.rea
     variants:                            # name -> dotted overrides of that variant
       uniform: [replay.sampling=uniform]
       per_a06: [replay.sampling=prioritized, replay.alpha=0.6]
-    baseline: uniform                    # its mean final reward is the data-efficiency target
+    baseline: uniform                    # every variant is compared with it, seed by seed
+    primary: final                       # the test that gives the verdict (final | auc | at25 | at50 | first_passage)
     eval: {every_samples: 160, samples_per_prompt: 8, prompts: 20}
     budget: {samples: 1280}              # >= 8 evaluations after step 0 (fewer: a warning)
     output_dir: results/sweeps/per_alpha # default: results/sweeps/<name> (committed; see below)
@@ -78,7 +79,7 @@ from jaxppo.config.core import check, field
 
 COMMANDS = {"train": "jaxppo.train", "dpo": "jaxppo.dpo"}
 TOP_KEYS = ("name", "description", "base", "command", "seeds", "seed_keys", "overrides", "variants", "baseline",
-            "eval", "budget", "output_dir", "batch_key", "profiles")
+            "primary", "eval", "budget", "output_dir", "batch_key", "profiles")
 # per command: the config keys set to the seed, and the key holding the items consumed per step
 DEFAULT_SEED_KEYS = {"train": ("trainer.seed",), "dpo": ("trainer.seed", "data.seed")}
 DEFAULT_BATCH_KEY = {"train": "actor.ppo_mini_batch_size", "dpo": "dpo.batch_size"}
@@ -128,6 +129,7 @@ class SweepFile:
     overrides: tuple[str, ...] = ()
     output_dir: str | None = None
     batch_key: str | None = None
+    primary: Literal["final", "auc", "at25", "at50", "first_passage"] = "final"
 
     def __post_init__(self):
         check(bool(self.base), "base", "expected a config file path")
@@ -169,6 +171,7 @@ class SweepSpec:
     output_dir: str
     batch_key: str = "actor.ppo_mini_batch_size"
     description: str = ""
+    primary: str = "final"
 
     @property
     def module(self) -> str:
@@ -266,7 +269,8 @@ def parse_sweep(raw: Any, *, name: str = "sweep", profile: str | None = None,
                      seed_keys=f.seed_keys or DEFAULT_SEED_KEYS[f.command], overrides=f.overrides,
                      variants={v: tuple(o or ()) for v, o in f.variants.items()}, baseline=f.baseline, eval=f.eval,
                      budget_samples=f.budget.samples, output_dir=output_dir or f.output_dir or f"{DEFAULT_ROOT}/{name}",
-                     batch_key=f.batch_key or DEFAULT_BATCH_KEY[f.command], description=f.description)
+                     batch_key=f.batch_key or DEFAULT_BATCH_KEY[f.command], description=f.description,
+                     primary=f.primary)
     _check_owned(spec)
     return spec
 

@@ -27,7 +27,14 @@ Everything here works on those ``d_k`` (``n`` seeds present in both arms):
   test. Because the target does not depend on which arm is called the baseline, an A/A pair is exchangeable and
   the test keeps its level (measured by ``python -m jaxppo.sweeps.calibrate``);
 - :func:`normalized_auc`: ``(1 / (x_m - x_0)) sum_i (x_{i+1} - x_i)(y_i + y_{i+1}) / 2`` (trapezoid rule, the
-  average reward over the grid).
+  average reward over the grid);
+- :func:`paired_t_pvalue`: the two-sided paired t-test ``p = 2 P(T_{n-1} >= |dbar| sqrt(n) / s_d)``, the test whose
+  95% interval is :func:`t_interval` (``p < 0.05`` exactly when the interval excludes 0);
+- :func:`holm`: Holm's step-down adjustment of ``m`` p-values, ``p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``
+  over the sorted ``p_(1) <= ... <= p_(m)``; rejecting ``p~ < alpha`` keeps the family-wise error rate at ``alpha``
+  under any dependence between the tests;
+- :func:`clopper_pearson`: the exact binomial interval of ``k`` events in ``n`` trials,
+  ``[B(a/2; k, n - k + 1), B(1 - a/2; k + 1, n - k)]`` with ``B(q; a, b)`` the Beta quantile.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-EXACT_MAX_N = 20          # 2^20 sign vectors; above this the sign-flip p-value is refused (no Monte Carlo guess)
+EXACT_MAX_N = 30          # 2^30 sign vectors, counted as two halves of 2^15; above this the p-value is refused
 ALPHA = 0.05
 CENSOR_BELOW = "below_first_eval"
 CENSOR_BEYOND = "beyond_budget"
@@ -80,16 +87,26 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
 def sign_flip_pvalue(d: Sequence[float]) -> float:
     """Exact two-sided sign-flip p-value of the paired differences ``d`` (module docstring).
 
-    Ties count as "at least as extreme" (``>=`` with a relative tolerance of 1e-12), so ``d = 0`` gives 1.
+    Ties count as "at least as extreme" (``>=`` with a relative tolerance of 1e-12), so ``d = 0`` gives 1. The
+    ``2^n`` signed sums are counted exactly by meeting in the middle: the sums of the first ``n // 2`` and of the
+    last ``n - n // 2`` differences are enumerated separately (``2^(n/2)`` each), and for every sum ``a`` of the
+    first half the sums ``b`` of the second half with ``a + b >= t`` or ``a + b <= -t`` (``t`` the observed
+    ``|sum d|`` less the tolerance) are counted in the sorted second half.
     """
     x = _vec(d, "sign_flip_pvalue")
     n = x.size
     if n > EXACT_MAX_N:
         raise ValueError(f"sign_flip_pvalue: n={n} > {EXACT_MAX_N} seeds; the exact enumeration is too large")
-    stats = np.abs(_signs(n) @ x)
     obs = abs(float(x.sum()))
-    tol = 1e-12 * max(1.0, float(np.abs(x).sum()))
-    return float(np.count_nonzero(stats >= obs - tol) / stats.size)
+    t = obs - 1e-12 * max(1.0, float(np.abs(x).sum()))
+    if t <= 0:
+        return 1.0
+    h = n // 2
+    a = _signs(h) @ x[:h] if h else np.zeros(1)
+    b = np.sort(_signs(n - h) @ x[h:])
+    upper = b.size - np.searchsorted(b, t - a, side="left")      # b >= t - a
+    lower = np.searchsorted(b, -t - a, side="right")             # b <= -t - a
+    return float((upper.sum() + lower.sum()) / 2.0 ** n)
 
 
 @functools.cache
@@ -98,6 +115,47 @@ def _signs(n: int) -> np.ndarray:
     out = np.asarray(list(itertools.product((-1.0, 1.0), repeat=n)))
     out.setflags(write=False)
     return out
+
+
+def paired_t_pvalue(d: Sequence[float]) -> float:
+    """Two-sided paired t-test p-value of the differences ``d`` (module docstring); NaN when ``n < 2``. All
+    differences equal: 1 when they are 0, else 0 (a zero sd with a non-zero mean)."""
+    from scipy.stats import t
+
+    x = _vec(d, "paired_t_pvalue")
+    if x.size < 2:
+        return math.nan
+    m, s = float(x.mean()), float(x.std(ddof=1))
+    if s == 0.0:
+        return 1.0 if m == 0.0 else 0.0
+    return float(2.0 * t.sf(abs(m) * math.sqrt(x.size) / s, x.size - 1))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values in the input order (module docstring); NaN entries stay NaN and are not counted in
+    the family size ``m``."""
+    p = np.asarray(pvalues, np.float64)
+    out = np.full(p.shape, math.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    m = idx.size
+    running = 0.0
+    for rank, i in enumerate(idx[np.argsort(p[idx], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * float(p[i])))
+        out[i] = running
+    return out.tolist()
+
+
+def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
+    """Exact ``conf`` interval of a binomial rate with ``k`` events in ``n`` trials (module docstring): 0 as the
+    lower end when ``k = 0``, 1 as the upper end when ``k = n``."""
+    from scipy.stats import beta
+
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"clopper_pearson: needs 0 <= k <= n, n >= 1; got k={k}, n={n}")
+    a = 1.0 - conf
+    lo = 0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
 
 
 def min_sign_flip_p(n: int) -> float:
@@ -109,14 +167,15 @@ def min_sign_flip_p(n: int) -> float:
 
 @dataclass(frozen=True)
 class Paired:
-    """A paired comparison: mean difference (variant - baseline) with its 95% t-interval, the sign-flip p-value
-    and the number of pairs."""
+    """A paired comparison: mean difference (variant - baseline) with its 95% t-interval, the sign-flip p-value,
+    the number of pairs and the paired t-test's p-value (``p_t``, the test of the interval)."""
 
     mean: float
     lo: float
     hi: float
     p: float
     n: int
+    p_t: float = math.nan
 
     @property
     def word(self) -> str:
@@ -138,7 +197,7 @@ def paired(variant: Sequence[float], baseline: Sequence[float]) -> Paired:
         raise ValueError(f"paired: {v.size} variant values vs {b.size} baseline values (pair them by seed)")
     d = v - b
     m, lo, hi = t_interval(d)
-    return Paired(m, lo, hi, sign_flip_pvalue(d), int(d.size))
+    return Paired(m, lo, hi, sign_flip_pvalue(d), int(d.size), paired_t_pvalue(d))
 
 
 def _grid(x, y=None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -70,3 +70,38 @@ def test_cli_writes_json_and_reads_a_sweep(tmp_path):
     assert rc in (0, 1) and doc["n"] == 20 and doc["designs"][0]["n_seeds"] == 4
     assert not math.isnan(doc["designs"][0]["power"]["paired_sd_final"])
     assert C.main(["--from", str(tmp_path / "nope")]) == 2
+
+
+def test_within_nominal_rule_by_hand():
+    # 100 of 2000 (exactly 5%): the exact 99% interval's lower end is below 5%, the point at nominal -> ok
+    r = C.within_nominal(100, 2000, 0.05)
+    assert r["ok"] and r["max_rate"] == pytest.approx(0.05 + 2.576 * math.sqrt(0.05 * 0.95 / 2000))
+    # 140 of 2000 (7%): the point is above 5% + 2.576 x 0.00487 = 6.25% and the interval's lower end above 5%
+    r = C.within_nominal(140, 2000, 0.05)
+    assert not r["ok"] and r["interval"][0] > 0.05
+    # 0 of 2000: conservative, within nominal
+    r = C.within_nominal(0, 2000, 0.05)
+    assert r["ok"] and r["conservative"]
+    # 8% of 500 (the old rule's largest accepted rate) is no longer within nominal
+    assert not C.within_nominal(40, 500, 0.05)["ok"]
+
+
+def test_family_wise_rates_with_three_variants():
+    """Three variants against one baseline, A/A: reading every test uncorrected claims a difference in far more than
+    5% of sweeps; the Holm-adjusted primary and secondary families stay within nominal."""
+    d = C.calibrate_design(C.default_model(), 6, 300, np.random.default_rng(5), legacy_resamples=0, power_grid=0,
+                           variants=3)
+    assert d["uncorrected_any"]["rate"] > 0.2
+    assert d["family"]["fwer_primary"]["ok"] and d["family"]["fwer_secondary"]["ok"]
+    assert d["family"]["fwer_primary"]["rate"] <= 0.08 and d["family"]["fwer_secondary"]["rate"] <= 0.08
+
+
+def test_heavy_tailed_noise_keeps_unit_variance_and_heavier_tails():
+    m = C.default_model(sd=0.1)
+    arms = C.simulate_arms(m, 8, 4000, np.random.default_rng(1), 2, "t4")
+    last = arms[:, :, :, -1].ravel()
+    assert np.std(last) == pytest.approx(0.1, rel=0.05)
+    z = (last - m.mu[-1]) / 0.1
+    assert np.mean(z ** 4) > 3.5          # excess kurtosis: a normal sample gives ~3
+    with pytest.raises(ValueError, match="tails"):
+        C.simulate_arms(m, 2, 2, np.random.default_rng(0), 2, "cauchy")

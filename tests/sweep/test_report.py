@@ -37,27 +37,28 @@ def _sweep_file(path: Path, variants=("base", "up", "down", "same"), baseline="b
     return path
 
 
-def _row(variant, n_seeds, n_failed, reward, sd, kl, diff=None, auc=None, passage=None):
+def _row(variant, n_seeds, n_failed, reward, sd, kl, diff=None, auc=None, passage=None, t_p=NAN):
     r = {"variant": variant, "metric": "eval/reward_mean", "n_seeds": n_seeds, "n_failed": n_failed,
          "final_reward_mean": reward[0], "final_reward_ci95_lo": reward[1], "final_reward_ci95_hi": reward[2],
          "final_seed_sd": sd, "final_kl_mean": kl, "n_pairs": 0}
     if diff is not None:
         r |= {"n_pairs": n_seeds, "final_diff": diff[0], "final_diff_lo": diff[1], "final_diff_hi": diff[2],
-              "final_diff_p": diff[3], "final_diff_sd": diff[4], "auc_diff": auc[0], "auc_diff_lo": auc[1],
+              "final_diff_p": diff[3], "final_diff_sd": diff[4], "final_diff_t_p": t_p, "auc_diff": auc[0], "auc_diff_lo": auc[1],
               "auc_diff_hi": auc[2], "target": 0.4, "earlier": passage[0], "later": passage[1], "ties": passage[2],
               "passage_p": passage[3], "median_samples_to_target": passage[4],
               "baseline_median_samples_to_target": passage[5]}
     return r
 
 
-# base is the noise reference; up: paired interval above 0; down: below 0; same: contains 0
+# base is the noise reference; up: paired interval above 0; down: below 0; same: contains 0. Paired t-test p
+# .003 / .02 / .6, Holm over the 3 variants: .009 / .04 / .6 -> higher, lower, no difference
 ROWS = [_row("base", 5, 0, (0.5, 0.45, 0.55), 0.04, 0.0123456),
         _row("up", 5, 0, (0.7, 0.6, 0.8), 0.08, 0.25, (0.2, 0.1, 0.3, 0.0625, 0.08), (0.1, 0.05, 0.15),
-             (5, 0, 0, 0.0625, 32.0, 128.0)),
+             (5, 0, 0, 0.0625, 32.0, 128.0), t_p=0.003),
         _row("down", 4, 1, (0.3, 0.16, 0.44), 0.09, NAN, (-0.2, -0.35, -0.05, 0.125, 0.1), (-0.1, -0.2, 0.0),
-             (0, 3, 1, 0.25, NAN, 96.0)),
+             (0, 3, 1, 0.25, NAN, 96.0), t_p=0.02),
         _row("same", 5, 0, (0.52, 0.41, 0.63), 0.09, 0.1, (0.02, -0.06, 0.1, 0.8125, 0.06), (0.0, -0.05, 0.05),
-             (1, 1, 3, 1.0, 128.0, 128.0))]
+             (1, 1, 3, 1.0, 128.0, 128.0), t_p=0.6)]
 
 
 def _write_summary(out: Path, rows=ROWS) -> None:
@@ -112,7 +113,7 @@ def mini(tmp_path):
 
 
 def _main(*args) -> int:
-    return RP.main([*map(str, args), "--print", "--calibration", "/nonexistent.json"])
+    return RP.main([*map(str, args), "--print"])
 
 
 def test_table_cells_power_line_and_verdicts_by_hand(mini, capsys):
@@ -122,7 +123,8 @@ def test_table_cells_power_line_and_verdicts_by_hand(mini, capsys):
     header = [ln for ln in text.splitlines() if ln.startswith("|")][0]
     assert tuple(c.strip() for c in header.strip("|").split("|")) == RP.HEADER
     assert _cells(text) == EXPECTED
-    assert text.startswith("#### mini (held-out reward; baseline base; 256 samples, evaluated every 32)\n")
+    assert text.startswith("#### mini (held-out reward; baseline base; primary test final; 256 samples, evaluated "
+                           "every 32)\n")
     # power: pooled sd over the paired variants sqrt((4*.08^2 + 3*.1^2 + 4*.06^2) / 11), n = min pairs = 4
     sd = math.sqrt((4 * 0.08 ** 2 + 3 * 0.1 ** 2 + 4 * 0.06 ** 2) / 11)
     mde = stats.min_detectable_effect(sd, 4)
@@ -132,28 +134,44 @@ def test_table_cells_power_line_and_verdicts_by_hand(mini, capsys):
                      "sign-flip test's smallest p is 0.125 (it cannot reach 0.05 with this many seeds)."]
     verdicts = [ln[2:] for ln in text.splitlines() if ln.startswith("- ")]
     assert [v.split(":")[0] for v in verdicts] == ["up vs base", "down vs base", "same vs base"]
+    holm = {"up": "0.009", "down": "0.040", "same": "0.600"}
     for v in verdicts:
-        assert f": {EXPECTED_WORDS[v.split()[0]]} (paired difference " in v
+        name = v.split()[0]
+        assert f": {EXPECTED_WORDS[name]} (primary, final value: final difference " in v
+        assert f", Holm p {holm[name]}); Holm over 3 variants)" in v
+    assert "no finding" not in text and text.count("Verdicts (primary test: final value, seed-paired, p-values "
+                                                   "Holm-adjusted over the sweep's variants") == 1
+    assert "A/A calibration: not run for this sweep" in text
     assert len({len(ln) for ln in text.splitlines() if ln.startswith("|")}) == 1   # padded columns
 
 
 def test_power_line_when_the_arms_are_identical():
     rows = [{"n_pairs": "10", "final_diff_sd": "0.0"}]
-    line = RP.power_line(rows, None, "x", {"final_seed_sd": "0.038"})
+    line = RP.power_line(rows, {"final_seed_sd": "0.038"})
     mde = stats.min_detectable_effect(math.sqrt(2) * 0.038, 10)
     assert line == ("Power: every paired final difference is exactly 0 (the arms ran the same computation); with "
                     f"independent arms at the baseline's seed sd 0.0380, 10 paired seeds would detect a final difference "
                     f"of {mde:.3f} with 80% power at the 5% level; the exact sign-flip test's smallest p is 0.001953.")
-    assert RP.power_line(rows, None, "x", {"final_seed_sd": "0"}).startswith("Power: not estimable")
+    assert RP.power_line(rows, {"final_seed_sd": "0"}).startswith("Power: not estimable")
 
 
-def test_power_line_quotes_the_calibration(mini, tmp_path, capsys):
+def test_the_sweeps_own_calibration_is_quoted(mini, capsys):
     sweep, root = mini
-    cal = tmp_path / "cal.json"
-    cal.write_text(json.dumps({"n": 500, "all_ok": True}))
-    assert RP.main([str(sweep), "--output-root", str(root), "--print", "--calibration", str(cal)]) == 0
-    assert f"A/A calibration ({cal}, 500 synthetic sweeps per design): every statistic within its nominal rate: yes." \
-        in capsys.readouterr().out
+    fam = {"fwer_primary": {"rate": 0.048, "interval": [0.038, 0.060], "ok": True},
+           "fwer_secondary": {"rate": 0.027, "interval": [0.019, 0.038], "ok": True}}
+    doc = {"n": 2000, "variants": 3, "primary": "final", "all_ok": True, "family_ok": True,
+           "rule": {"interval_level": 0.99, "mc_z": 2.576},
+           "designs": [{"n_seeds": 5, "tails": "normal", "family": fam,
+                        "uncorrected_any": {"rate": 0.31, "interval": [0.28, 0.34]}}]}
+    (root / "mini" / "calibration.json").write_text(json.dumps(doc), encoding="utf-8")
+    assert _main(sweep, "--output-root", root) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("A/A calibration")]
+    path = (root / "mini" / "calibration.json").as_posix()
+    assert line == [f"A/A calibration ({path}: 2000 synthetic sweeps per design with this sweep's fitted noise, 3 "
+                    "variant(s), 5 seeds, primary final): family-wise false-claim rates, normal noise: primary 4.8% "
+                    "[3.8%, 6.0%], secondary 2.7% [1.9%, 3.8%] (uncorrected, any test: 31.0%); within the nominal 5% "
+                    "(exact 99% interval's lower end <= 5% and rate <= 5% + 2.576 Monte Carlo errors): yes; every "
+                    "single test and coverage: yes."]
 
 
 def test_not_run_sweep_is_listed_not_an_error(mini, tmp_path, capsys):
@@ -339,3 +357,28 @@ def test_noise_line_printed_under_the_table(mini, capsys):
     assert lines.index(noise[0]) > max(i for i, ln in enumerate(lines) if ln.startswith("Power:"))
     assert RP.noise_line([], "base", {"final_seed_sd": "0.04"}) == \
         "Evaluation noise: not measurable (0 seeds evaluated at 0 samples)."
+
+
+def test_calibrate_option_fits_each_sweep_and_is_quoted(tmp_path, capsys):
+    """``--calibrate`` runs the A/A calibration of each finished sweep with its own noise, variants, seeds and
+    primary test (normal and heavy-tailed noise) into the sweep's calibration.json, which the table then quotes."""
+    import numpy as np
+
+    sweep = _sweep_file(tmp_path / "sweeps" / "cal.yaml", variants=("a", "b", "c"), baseline="a")
+    out = tmp_path / "root" / "cal"
+    rng = np.random.default_rng(0)
+    x = list(range(0, 257, 32))
+    curves = [R.RunCurve(v, s, "ok", steps=[i for i in range(len(x))], samples=x, tokens=[0.0] * len(x),
+                         reward=list(0.1 + 0.001 * np.asarray(x) + 0.05 * rng.normal(size=len(x))),
+                         kl=[0.0] * len(x), wall=[0.0] * len(x)) for v in ("a", "b", "c") for s in range(4)]
+    R.write_csv(out / "results.csv", R.result_rows(curves), R.RESULT_COLUMNS)
+    R.write_csv(out / "summary.csv", R.summarize(curves, ["a", "b", "c"], "a", 256), R.SUMMARY_COLUMNS)
+    assert RP.main([str(sweep), "--output-root", str(tmp_path / "root"), "--calibrate", "--calibration-sweeps", "20",
+                    "--print"]) == 0
+    doc = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
+    assert doc["variants"] == 2 and doc["primary"] == "final" and doc["n"] == 20
+    assert [(d["n_seeds"], d["tails"]) for d in doc["designs"]] == [(4, "normal"), (4, "t4")]
+    assert doc["model"]["x"] == x and "baseline a" in doc["model"]["source"]
+    text = capsys.readouterr().out
+    assert f"A/A calibration ({(out / 'calibration.json').as_posix()}: 20 synthetic sweeps per design" in text
+    assert "normal noise: primary " in text and "t4 noise: primary " in text

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxppo.sweeps import results as R
+from jaxppo.sweeps import stats
 
 
 def _fake_run(d: Path, before: float | None, evals: dict[int, tuple[float, float]], steps: int, *,
@@ -167,7 +168,16 @@ def test_summary_hand_case(tmp_path):
     assert f["final_kl_mean"] == pytest.approx(0.2)
     v = R.verdict(list(rows.values()), "fast", "uniform")
     assert v.startswith("fast vs uniform: final held-out reward 0.733 [")
-    assert ": no difference measured (paired difference 0.233 [-0.054, 0.520], 3 seeds, sign-flip p 0.250)" in v
+    # the primary (final) test: t = (7/30) sqrt(3) / sd = 3.5 with 2 df, two-sided p = 0.0728; one variant: Holm = raw
+    assert f["final_diff_t_p"] == pytest.approx(0.072827, abs=1e-6) and f["final_p_holm"] == f["final_diff_t_p"]
+    assert f["primary"] == "final" and f["verdict"] == "no difference measured"
+    assert (": no difference measured (primary, final value: final difference 0.233 [-0.054, 0.520], 3 seeds "
+            "(t p 0.073, Holm p 0.073); Holm one variant: no adjustment); secondary, Holm-adjusted over 4 tests: ") in v
+    # the secondary family: at25, at50, auc, first passage, adjusted together (Holm over 4 p-values)
+    sec = [f["at25_diff_t_p"], f["at50_diff_t_p"], f["auc_diff_t_p"], f["passage_p"]]
+    assert [f["at25_p_holm"], f["at50_p_holm"], f["auc_p_holm"], f["first_passage_p_holm"]] == pytest.approx(
+        stats.holm(sec))
+    assert f["first_passage_p_holm"] == pytest.approx(1.0)   # sign-flip p of (1, 0, 0) is 1 before adjustment
 
 
 def test_identical_non_monotone_arms_read_no_difference(tmp_path):
@@ -181,7 +191,7 @@ def test_identical_non_monotone_arms_read_no_difference(tmp_path):
     b = rows["b"]
     assert (b["final_diff"], b["final_diff_lo"], b["final_diff_hi"], b["final_diff_p"]) == (0, 0, 0, 1)
     assert (b["earlier"], b["later"], b["ties"], b["passage_p"]) == (0, 0, 3, 1.0)
-    assert ": no difference measured (paired difference 0.000 [0.000, 0.000], 3 seeds" in R.verdict(
+    assert ": no difference measured (primary, final value: final difference 0.000 [0.000, 0.000], 3 seeds" in R.verdict(
         list(rows.values()), "b", "a")
     assert "efficiency_ratio" not in R.SUMMARY_COLUMNS
     from jaxppo.sweeps.legacy import efficiency_ratio, first_crossing

@@ -36,7 +36,82 @@ def test_sign_flip_bad_input():
     with pytest.raises(ValueError, match="finite"):
         stats.sign_flip_pvalue([1.0, math.nan])
     with pytest.raises(ValueError, match="too large"):
-        stats.sign_flip_pvalue(np.ones(21))
+        stats.sign_flip_pvalue(np.ones(stats.EXACT_MAX_N + 1))
+
+
+def _brute_sign_flip(d) -> float:
+    """Every one of the 2^n sign vectors, counted directly (the definition of the module docstring)."""
+    import itertools
+
+    x = np.asarray(d, np.float64)
+    sums = np.abs(np.asarray(list(itertools.product((-1.0, 1.0), repeat=x.size))) @ x)
+    tol = 1e-12 * max(1.0, float(np.abs(x).sum()))
+    return float(np.count_nonzero(sums >= abs(float(x.sum())) - tol) / sums.size)
+
+
+@given(st.lists(st.one_of(finite, st.integers(-3, 3).map(float)), min_size=1, max_size=12))
+@settings(max_examples=80, deadline=None)
+def test_sign_flip_meet_in_the_middle_equals_the_enumeration(d):
+    assert stats.sign_flip_pvalue(d) == _brute_sign_flip(d)
+
+
+def test_sign_flip_twenty_seeds_hand_computed():
+    # 20 equal positive differences: only the all-plus and all-minus vectors reach |sum| = 20
+    assert stats.sign_flip_pvalue(np.ones(20)) == 2 / 2 ** 20
+    # 19 x (+1) and one -1: |sum| = 18 is reached by flipping nothing or only the -1 (and the mirror images): 4 vectors
+    assert stats.sign_flip_pvalue([1.0] * 19 + [-1.0]) == pytest.approx((2 + 2 * 20) / 2 ** 20)
+
+
+def test_paired_t_pvalue_hand_computed():
+    # d = (1, 2, 3): mean 2, s = 1, t = 2 sqrt(3) = 3.4641, df 2: two-sided p = 0.074180 (t table)
+    assert stats.paired_t_pvalue([1.0, 2.0, 3.0]) == pytest.approx(0.0741799, abs=1e-6)
+    assert stats.paired_t_pvalue([0.0, 0.0]) == 1.0 and stats.paired_t_pvalue([0.5, 0.5]) == 0.0
+    assert math.isnan(stats.paired_t_pvalue([1.0]))
+
+
+@given(st.lists(finite, min_size=2, max_size=15))
+@settings(max_examples=60, deadline=None)
+def test_paired_t_pvalue_agrees_with_the_interval(d):
+    """p < 0.05 exactly when the 95% t-interval excludes 0 (the same test), away from the boundary."""
+    p = stats.paired_t_pvalue(d)
+    m, lo, hi = stats.t_interval(d)
+    assert 0.0 <= p <= 1.0
+    if np.std(d) > 1e-9 and abs(p - 0.05) > 1e-9:
+        assert (p < 0.05) == (lo > 0 or hi < 0)
+
+
+def test_holm_hand_computed():
+    # sorted 0.01, 0.03, 0.04 with m = 3: 3 x 0.01 = 0.03; max(0.03, 2 x 0.03) = 0.06; max(0.06, 1 x 0.04) = 0.06
+    assert stats.holm([0.04, 0.01, 0.03]) == pytest.approx([0.06, 0.03, 0.06])
+    # NaN is outside the family: m = 2
+    out = stats.holm([0.02, math.nan, 0.5])
+    assert out[0] == pytest.approx(0.04) and math.isnan(out[1]) and out[2] == pytest.approx(0.5)
+    assert stats.holm([0.6, 0.7]) == [1.0, 1.0] and stats.holm([]) == []
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=10))
+@settings(max_examples=60, deadline=None)
+def test_holm_properties(p):
+    a = stats.holm(p)
+    m = len(p)
+    for pi, ai in zip(p, a):
+        assert pi - 1e-15 <= ai <= min(1.0, m * pi) + 1e-12          # between raw and Bonferroni
+    order = np.argsort(p, kind="stable")
+    assert all(a[order[i]] <= a[order[i + 1]] + 1e-15 for i in range(m - 1))   # monotone in the raw p
+
+
+def test_clopper_pearson_hand_computed():
+    # k = 0: [0, 1 - (a/2)^(1/n)]; n = 10, 95%: 1 - 0.025^0.1 = 0.30850
+    lo, hi = stats.clopper_pearson(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** 0.1, rel=1e-9)
+    # k = n: [(a/2)^(1/n), 1]
+    lo, hi = stats.clopper_pearson(10, 10)
+    assert lo == pytest.approx(0.025 ** 0.1, rel=1e-9) and hi == 1.0
+    # 5 of 100, 95%: the published exact interval [0.01643, 0.11284]
+    lo, hi = stats.clopper_pearson(5, 100)
+    assert lo == pytest.approx(0.01643, abs=1e-5) and hi == pytest.approx(0.11284, abs=1e-5)
+    with pytest.raises(ValueError):
+        stats.clopper_pearson(3, 2)
 
 
 @given(st.lists(finite, min_size=1, max_size=8))
