@@ -72,7 +72,9 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mas
         loss = agg(w * l, mask)        (w: optional detached weights [B, T] or [B, 1])
 
     Metrics: ``pg_clipfrac = mean_m[l2 > l1]``, ``pg_clipfrac_lower = mean_m[(max(l1, l2) > -A c) & (A < 0)]``,
-    ``ppo_kl = mean_m(-k)``.
+    ``ppo_kl = mean_m(-k)``, and ``pg_zero_grad_frac = mean_m[A = 0 or l2 > l1 or (A < 0 and max(l1, l2) > -A c)
+    or w = 0]``: the share of tokens whose loss term has no gradient (zero advantage, the clipped or dual-clipped
+    branch selected, a zero weight such as a masked importance ratio).
     """
     check_choice("agg", agg, AGG_MODES)
     check_ndim("logp", logp, 2)
@@ -92,13 +94,17 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mas
     l3 = -adv * clip_c
     negative = adv < 0
     per_token = jnp.where(negative, jnp.minimum(clipped, l3), clipped)
+    zero_grad = (adv == 0) | (l2 > l1) | ((clipped > l3) & negative)
     if weights is not None:
-        per_token = per_token * _check_weights(weights, logp.shape).astype(dtype)
+        w = _check_weights(weights, logp.shape).astype(dtype)
+        per_token = per_token * w
+        zero_grad = zero_grad | (w == 0)
     loss = aggregate(per_token, m, agg)
     metrics = {
         "pg_clipfrac": masked_mean((l2 > l1).astype(dtype), m),
         "pg_clipfrac_lower": masked_mean(((clipped > l3) & negative).astype(dtype), m),
         "ppo_kl": masked_mean(-log_ratio, m),
+        "pg_zero_grad_frac": masked_mean(zero_grad.astype(dtype), m),
     }
     return loss, metrics
 

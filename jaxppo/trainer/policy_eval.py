@@ -29,13 +29,18 @@ def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
     ``split_by_group(group_id, data.eval_fraction, data.seed)`` — the split of every run (training and
     ``jaxppo.evaluate``). With a reference (path and model) the rows without logged behaviour log-probs get
     them from it (training needs them); without, they stay 0 — the rows and the split do not depend on it.
+    With ``data.score_noise_sd > 0`` the training rows' scores get label noise
+    (:func:`jaxppo.data.label_noise.noisy_scores` with ``trainer.seed``); the held-out rows keep theirs.
     """
     from jaxppo.data import load_scored_arrays, split_by_group
+    from jaxppo.data.label_noise import noisy_scores
 
     arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=reference_path, reference=reference)
     train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
     heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
+    if cfg.data.score_noise_sd > 0:
+        train["score"] = noisy_scores(train["score"], train["index"], cfg.data.score_noise_sd, cfg.trainer.seed)
     return train, heldout, report
 
 

@@ -6,7 +6,8 @@ One of the registries of ``jaxppo.registry`` (its table lists the others). A pol
 
 with ``logp`` the current policy's response log-probs ``[B,R]``, ``old_logp`` the proximal (PPO "old") ones,
 ``weights`` the detached per-token loss weights ``[B,R]`` (PER × count × importance); ``metrics`` must hold
-``pg_clipfrac``, ``pg_clipfrac_lower`` and ``ppo_kl`` (0-d). Register with::
+``pg_clipfrac``, ``pg_clipfrac_lower`` and ``ppo_kl`` (0-d), and may hold ``pg_zero_grad_frac`` (the share of
+masked tokens whose loss term has no gradient; logged as ``waste/zero_grad_token_frac``). Register with::
 
     @POLICY_LOSSES.register("my_loss")
     def my_loss(logp, old_logp, advantages, mask, hp, weights): ...

@@ -148,6 +148,7 @@ def policy_loss(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3
     clipped = np.zeros((b, t_len))
     lower = np.zeros((b, t_len))
     neg_kl = np.zeros((b, t_len))
+    zero = np.zeros((b, t_len))
     for i in range(b):
         for t in range(t_len):
             k = min(max(logp[i, t] - old_logp[i, t], -20.0), 20.0)
@@ -161,13 +162,16 @@ def policy_loss(logp, old_logp, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3
                 value = min(l12, -a * clip_c)
                 lower[i, t] = float(l12 > -a * clip_c)
             clipped[i, t] = float(l2 > l1)
+            wt = 1.0
             if weights is not None:
                 w = np.asarray(weights, np.float64)
-                value *= w[i, t] if w.shape[1] == t_len else w[i, 0]
+                wt = w[i, t] if w.shape[1] == t_len else w[i, 0]
+                value *= wt
+            zero[i, t] = float(a == 0 or l2 > l1 or (a < 0 and l12 > -a * clip_c) or wt == 0)
             per[i, t] = value
             neg_kl[i, t] = -k
     metrics = {"pg_clipfrac": masked_mean(clipped, mask), "pg_clipfrac_lower": masked_mean(lower, mask),
-               "ppo_kl": masked_mean(neg_kl, mask)}
+               "ppo_kl": masked_mean(neg_kl, mask), "pg_zero_grad_frac": masked_mean(zero, mask)}
     return aggregate(per, mask, agg), metrics
 
 

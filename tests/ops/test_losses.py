@@ -70,6 +70,27 @@ class PolicyLossTest(chex.TestCase):
         np.testing.assert_allclose(metrics["pg_clipfrac"], 0.5, rtol=1e-6)
         np.testing.assert_allclose(metrics["pg_clipfrac_lower"], 0.25, rtol=1e-6)
         np.testing.assert_allclose(metrics["ppo_kl"], -np.log(ratios).mean(), rtol=1e-5)
+        # no gradient at t1, t2 (clipped branch) and t3 (dual clip): 3/4; a zero weight at t0 or A = 0 there: 4/4
+        np.testing.assert_allclose(metrics["pg_zero_grad_frac"], 0.75, rtol=1e-6)
+        w0 = jnp.array([[0.0, 1.0, 1.0, 1.0]])
+        _, mw = self.variant(policy_loss)(logp, old, adv, jnp.ones((1, 4)), weights=w0)
+        np.testing.assert_allclose(mw["pg_zero_grad_frac"], 1.0, rtol=1e-6)
+        _, ma = self.variant(policy_loss)(logp, old, adv.at[0, 0].set(0.0), jnp.ones((1, 4)))
+        np.testing.assert_allclose(ma["pg_zero_grad_frac"], 1.0, rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_zero_grad_tokens_are_exactly_those_without_gradient(self):
+        """``pg_zero_grad_frac`` counts a token exactly when d loss / d logp_t = 0 (random ratios, advantages with
+        zeros, weights with zeros)."""
+        rng = np.random.default_rng(4)
+        logp = jnp.asarray(rng.normal(0, 0.6, (6, 9)), jnp.float32)
+        adv = rng.normal(0, 1, (6, 9)) * (rng.random((6, 9)) > 0.15)
+        w = jnp.asarray(rng.random((6, 9)) * (rng.random((6, 9)) > 0.15), jnp.float32)
+        mask = jnp.ones((6, 9))
+        old = jnp.zeros((6, 9))
+        grad = jax.grad(lambda lp: policy_loss(lp, old, jnp.asarray(adv, jnp.float32), mask, weights=w)[0])(logp)
+        _, met = self.variant(policy_loss)(logp, old, jnp.asarray(adv, jnp.float32), mask, weights=w)
+        np.testing.assert_allclose(met["pg_zero_grad_frac"], float(np.mean(np.asarray(grad) == 0)), rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_matches_reference(self):

@@ -165,7 +165,9 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     ``[B]``, all 1 when ``None``; ``ρ`` and the rejection keep-mask ``k`` from :func:`behaviour_weights`); every
     loss term is aggregated over ``m·k`` (``m`` the response mask). ``algorithm/kl`` is the current policy's
     ``masked_mean(kl(π_θ, ref))`` over ``m``. Without a critic the data metrics are ``data/score/mean`` and
-    ``actor/advantages/mean`` (no ``critic/*``).
+    ``actor/advantages/mean`` (no ``critic/*``). ``waste/zero_grad_token_frac``: the share of the minibatch's
+    response tokens (``m``) whose policy-loss term has no gradient, i.e. outside ``m·k`` or counted by the loss's
+    ``pg_zero_grad_frac`` (zero advantage, clipped branch, zero weight).
     """
     a = hp.actor
     d, pr = batch.data, batch.prepared
@@ -183,6 +185,10 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     if a.use_kl_loss:
         total = total + a.kl_loss_coef * kl_loss
     seq_rho = (rho * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)
+    waste = {}
+    if "pg_zero_grad_frac" in pgm:   # tokens masked out of the loss (rejection, keep = 0) have no gradient either
+        n_m = jnp.maximum(m.sum(), 1.0)
+        waste["waste/zero_grad_token_frac"] = (pgm["pg_zero_grad_frac"] * ml.sum() + (m - ml).sum()) / n_m
     data_prefix = ("critic/advantages/mean", "critic/score/mean") if hp.critic is not None else (
         "actor/advantages/mean", "data/score/mean")
     aux = {
@@ -192,7 +198,7 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
         data_prefix[0]: ops.masked_mean(pr.advantages, m),
         data_prefix[1]: jnp.mean(d.score),
         "response_length/mean": jnp.mean(m.sum(-1)),
-        **ism,
+        **ism, **waste,
         "replay/sample_efficiency": jnp.mean((w * seq_rho > SAMPLE_EFFICIENCY_THRESHOLD).astype(jnp.float32)),
         "replay/per_weight_mean": jnp.mean(w),
         "algorithm/kl": ops.masked_mean(ops.kl_penalty(jax.lax.stop_gradient(logp), d.ref_logp, a.kl_penalty), m),
