@@ -235,9 +235,10 @@ def render_table(rows: Sequence[Sequence[str]]) -> list[str]:
     return [line(HEADER), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(r) for r in rows)]
 
 
-def replace_between_markers(text: str, block: str, *, where: str) -> str:
+def replace_between_markers(text: str, block: str, *, where: str, markers: tuple[str, str] = (BEGIN, END)) -> str:
     """``text`` with everything between the begin and end markers replaced by ``block`` (markers kept, each on
     its own line); ``ValueError`` naming ``where`` when a marker is missing, repeated or out of order."""
+    BEGIN, END = markers  # noqa: N806
     nb, ne = text.count(BEGIN), text.count(END)
     if nb != 1 or ne != 1:
         raise ValueError(f"{where}: needs exactly one {BEGIN} and one {END} marker (found {nb} and {ne})")
@@ -262,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", "--readme", dest="out", default=DEFAULT_OUT,
                     help=f"replace the text between {BEGIN} and {END} in this file (default {DEFAULT_OUT}; "
                          "created when missing)")
+    ap.add_argument("--claims", default=None,
+                    help="also write the claims table (jaxppo.sweeps.claims) of this file, e.g. results/claims.yaml, "
+                         "between the claims markers of --out")
     ap.add_argument("--print", dest="print_only", action="store_true", help="only print the block")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     lines: list[str] = []
@@ -281,6 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = path.read_text(encoding="utf-8") if path.is_file() else f"# Results\n\n{BEGIN}\n{END}\n"
         try:
             new = replace_between_markers(text, block, where=str(path))
+            if args.claims:
+                from jaxppo.sweeps import claims
+
+                rows = claims.render(args.claims, args.output_root)
+                new = replace_between_markers(new, "\n".join(rows) + "\n", where=str(path),
+                                              markers=(claims.BEGIN, claims.END))
         except ValueError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2

@@ -21,8 +21,8 @@ def test_tables_are_the_regenerated_report(capsys, monkeypatch):
 def test_reading_matches_the_verdicts():
     text = " ".join(DOC.read_text(encoding="utf-8").split())
     uniform, per = text.split("#### whole_groups_per")
-    assert ": lower (paired difference -0.026 [-0.052, -0.000]" in uniform
-    assert ": no difference measured (paired difference" in per
+    assert ": lower (primary, final value: final difference -0.026 [-0.052, -0.000]" in uniform
+    assert ": no difference measured (primary, final value: final difference" in per
     assert "under uniform replay the whole-group runs ended lower" in text
     assert "under prioritized replay no difference was measured" in text
 
