@@ -66,74 +66,99 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _coerce_union(value: Any, tp: Any, key: str) -> Any:
+    args = get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, key)
+        except ConfigError:
+            pass
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _coerce_literal(value: Any, tp: Any, key: str) -> Any:
+    allowed = get_args(tp)
+    if value in allowed and type(value) in {type(a) for a in allowed}:
+        return value
+    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"{key}: {value!r} is not allowed; expected {_type_name(tp)}{hint}")
+
+
+def _coerce_dataclass(value: Any, tp: Any, key: str) -> Any:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    return from_dict(tp, value, prefix=key)
+
+
+def _coerce_sequence(value: Any, tp: Any, key: str) -> tuple:
+    """``tuple[X, ...]``, ``list[X]`` (both read as a tuple) and fixed ``tuple[X, Y]``."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    args = get_args(tp)
+    if get_origin(tp) is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(value) != len(args):
+            raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+
+
+def _coerce_mapping(value: Any, tp: Any, key: str) -> dict:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    kt, vt = get_args(tp)
+    return {_coerce(k, kt, key): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
+
+
+def _coerce_bool(value: Any, tp: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _coerce_int(value: Any, tp: Any, key: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ConfigError(f"{key}: expected an integer, got {value!r}")
+
+
+def _coerce_float(value: Any, tp: Any, key: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):  # yaml reads "1e-5" (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected a number, got {value!r}")
+
+
+def _coerce_str(value: Any, tp: Any, key: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{key}: expected a string, got {value!r}")
+
+
+#: the coercer of each kind of annotation: generic origins first, then plain types
+_BY_ORIGIN = {Union: _coerce_union, types.UnionType: _coerce_union, Literal: _coerce_literal,
+              tuple: _coerce_sequence, list: _coerce_sequence, dict: _coerce_mapping}
+_BY_TYPE = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _coerce_str}
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = get_origin(tp)
+    """``value`` as the annotation ``tp`` requires (the coercer of its kind), or ``ConfigError`` naming ``key``."""
     if tp is Any:
         return value
-    if origin in (Union, types.UnionType):
-        args = get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError as e:
-                errors.append(e)
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        allowed = get_args(tp)
-        if value in allowed and type(value) in {type(a) for a in allowed}:
-            return value
-        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}: {value!r} is not allowed; expected {_type_name(tp)}{hint}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-        return from_dict(tp, value, prefix=key)
-    if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-        args = get_args(tp)
-        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-        if origin is tuple:
-            if len(value) != len(args):
-                raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-        return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-        kt, vt = get_args(tp)
-        return {_coerce(k, kt, key): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # yaml reads "1e-5" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported annotation {tp!r}")  # pragma: no cover - schema bug
+    fn = _BY_ORIGIN.get(get_origin(tp)) or (_coerce_dataclass if dataclasses.is_dataclass(tp) else _BY_TYPE.get(tp))
+    if fn is None:  # pragma: no cover - schema bug
+        raise ConfigError(f"{key}: unsupported annotation {tp!r}")
+    return fn(value, tp, key)
 
 
 def _check_range(value: Any, meta: Mapping[str, Any], key: str) -> None:
