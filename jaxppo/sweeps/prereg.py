@@ -31,6 +31,10 @@ committed ``noise.sweep``; a contrast of two independent gains has sd ``sqrt(2) 
 with 80% power at the 5% level with ``seeds`` pairs (:func:`jaxppo.sweeps.stats.min_detectable_effect`) and the
 power at ``smallest_effect_of_interest`` (:func:`jaxppo.sweeps.stats.t_power`).
 
+Secondary, wasted iterations (optional ``waste: {sweeps: {level: file}, variant, baseline}``): per level, the two
+measures of :func:`jaxppo.sweeps.waste.run_waste` of every seed's run in both arms, their seed-paired differences
+``variant - baseline`` with 95% t-intervals and paired t-test p-values, Holm-adjusted over the ``2 x levels`` tests.
+
 ``--write`` writes ``<name>.result.json`` beside the file (the power, each sweep's state and, when finished, the
 primary test). Exit status 2 for a malformed file or a sweep file that disagrees with it.
 """
@@ -50,7 +54,7 @@ from jaxppo.sweeps import stats
 from jaxppo.sweeps.spec import SweepError, load_sweep
 
 KEYS = {"name", "hypothesis", "sweeps", "effects", "contrast", "seeds", "noise", "smallest_effect_of_interest",
-        "secondary", "registered", "design", "manipulation_check"}
+        "secondary", "registered", "design", "manipulation_check", "waste"}
 
 
 class PreregError(ValueError):
@@ -179,7 +183,36 @@ def analyse(doc: dict) -> dict:
         t["verdict"] = ("no difference measured" if not p < stats.ALPHA
                         else ("higher" if t["mean"] > 0 else "lower"))
     res["primary"] = tests
+    if doc.get("waste"):
+        res["secondary_waste"] = waste_analysis(doc["waste"], seeds)
     return res
+
+
+def waste_analysis(spec: dict, seeds: list[int]) -> list[dict] | str:
+    """The wasted-iterations secondary (module docstring); ``"pending"`` until every run it reads is finished."""
+    from jaxppo.sweeps.waste import run_waste
+    from jaxppo.trainer.metrics_log import read_jsonl
+
+    tests = []
+    for level, f in spec["sweeps"].items():
+        sp = load_sweep(f)
+        per_arm = {}
+        for arm in (spec["variant"], spec["baseline"]):
+            vals = []
+            for k in seeds:
+                run = Path(sp.output_dir) / "runs" / arm / f"seed{k}"
+                if not (run / "summary.json").is_file():
+                    return "pending"
+                vals.append(run_waste(read_jsonl(run / "metrics.jsonl")))
+            per_arm[arm] = vals
+        for metric in ("zero_grad_token_frac", "low_grad_update_frac"):
+            d = np.asarray([v[metric] - b[metric] for v, b in zip(per_arm[spec["variant"]], per_arm[spec["baseline"]])])
+            m, lo, hi = stats.t_interval(d)
+            tests.append({"level": level, "metric": metric, "mean": m, "lo": lo, "hi": hi,
+                          "p": stats.paired_t_pvalue(d), "n": int(d.size)})
+    for t, p in zip(tests, stats.holm([t["p"] for t in tests])):
+        t["p_holm"] = p
+    return tests
 
 
 def main(argv: Sequence[str] | None = None) -> int:

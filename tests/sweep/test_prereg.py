@@ -97,3 +97,24 @@ def test_a_disagreeing_sweep_file_is_an_error(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(doc), encoding="utf-8")
     assert P.main([str(bad)]) == 2
     assert "runs seeds" in capsys.readouterr().err
+
+
+def test_waste_secondary_by_hand(tmp_path):
+    """Two seeds, one level: per seed the run's mean zero-grad share and low-gradient share, paired variant - base."""
+    f = _finished_sweep(tmp_path, "w", [0.0, 0.0], [0.5, 0.5])
+    out = tmp_path / "out" / "w"
+    z = {("a", 0): (0.1, 0.3), ("a", 1): (0.2, 0.2), ("b", 0): (0.3, 0.5), ("b", 1): (0.6, 0.4)}
+    for (arm, k), (z1, z2) in z.items():
+        run = out / "runs" / arm / f"seed{k}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text("{}")
+        rows = [{"step": 1, "waste/zero_grad_token_frac": z1, "actor/grad_norm": 1.0},
+                {"step": 2, "waste/zero_grad_token_frac": z2, "actor/grad_norm": 0.05 if arm == "b" else 1.0}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tests = P.waste_analysis({"sweeps": {"x": str(f)}, "variant": "b", "baseline": "a"}, [0, 1])
+    zero, low = tests
+    # zero-grad means: a .2 .2, b .4 .5 -> differences .2 .3; low-gradient: a 0 0, b 1 1 -> differences 1 1
+    assert zero["metric"] == "zero_grad_token_frac" and zero["mean"] == pytest.approx(0.25)
+    assert low["mean"] == pytest.approx(1.0) and low["p"] == 0.0
+    assert [t["p_holm"] for t in tests] == pytest.approx(stats.holm([zero["p"], low["p"]]))
+    assert P.waste_analysis({"sweeps": {"x": str(f)}, "variant": "b", "baseline": "a"}, [0, 1, 2]) == "pending"
