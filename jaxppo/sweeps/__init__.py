@@ -9,7 +9,7 @@
 - :mod:`jaxppo.sweeps.results` — ``results.csv`` / ``summary.csv`` and the verdict sentence;
 - :mod:`jaxppo.sweeps.calibrate` — ``python -m jaxppo.sweeps.calibrate``: the error rates of every statistic the
   report prints, on synthetic A/A sweeps;
-- :mod:`jaxppo.sweeps.legacy` — the pre-issue-19 data-efficiency ratio, kept only for the calibration to show its
+- :mod:`jaxppo.sweeps.legacy` — the withdrawn data-efficiency ratio, kept only for the calibration to show its
   miscalibration;
 - :mod:`jaxppo.sweeps.plots` — reward vs samples and reward vs KL figures;
 - :mod:`jaxppo.sweeps.report` — ``python -m jaxppo.sweeps.report``: the Results tables, power lines and verdicts;

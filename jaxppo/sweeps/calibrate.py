@@ -11,7 +11,7 @@ every interval should cover the true value. Each synthetic sweep is summarized b
 - ``first_passage``: how often the first-passage comparison's sign-flip p is < 0.05 (nominal <= 0.05);
 - ``final_ci_coverage`` / ``auc_ci_coverage``: how often an arm's 95% t-interval covers the true mean final value
   / true AUC (nominal 0.95; the baseline's interval is the report's noise reference);
-- ``legacy_efficiency_interval``: how often the pre-issue-19 data-efficiency interval
+- ``legacy_efficiency_interval``: how often the withdrawn data-efficiency interval
   (:mod:`jaxppo.sweeps.legacy`, bootstrap with ``--legacy-resamples`` draws) lies entirely above or below 1
   (nominal 0.05); and ``legacy_ratio_ge_2``, how often its point ratio is >= 2 (for information).
 
@@ -42,10 +42,10 @@ e_akj)`` with ``c`` (shared by all arms of a seed: same evaluation key, referenc
 and ``e`` (the arm's own) independent AR(1) sequences over ``j`` with coefficient ``rho_t``, unit variance, whose
 innovations are standard normal (``tails = "normal"``) or Student t with 4 degrees of freedom scaled to unit
 variance (``tails = "t4"``, heavy tails: every design is run with both);
-the step-0 point is the reference evaluation and fully shared (``rho_s = 1`` there). Defaults (the quickstart
-of issue 19): grid 0 and 8 evaluations up to a budget of 384 samples, ``mu`` rising from 0.25 by 0.15
+the step-0 point is the reference evaluation and fully shared (``rho_s = 1`` there). Defaults (a quickstart-like
+design): grid 0 and 8 evaluations up to a budget of 384 samples, ``mu`` rising from 0.25 by 0.15
 (``1 - exp(-3 x / budget)``, normalised), ``sd = 0.065`` at every point, ``rho_s = 0`` (after step 0 the arms'
-noise is independent, as in issue 19's review; no measured value yet, and the paired tests' level does not depend
+noise is independent; and the paired tests' level does not depend
 on it, only their power, which this makes conservative), ``rho_t = 0.6``.
 ``--from SWEEP_DIR`` takes the grid, ``mu`` (the baseline's seed mean) and ``sd_j`` (the baseline's seed sd per
 point) from a sweep's ``results.csv`` / ``summary.csv``, ``rho_t`` from the lag-1 autocorrelation of the

@@ -1,4 +1,4 @@
-"""The data-efficiency ratio the sweeps reported before issue 19, kept only so that
+"""The data-efficiency ratio the sweeps once reported, kept only so that
 ``python -m jaxppo.sweeps.calibrate`` can show its miscalibration. Nothing prints it.
 
 ``ratio = budget / s`` with ``s`` the first ``x`` at which the seed-mean variant curve reaches the baseline's

@@ -45,14 +45,14 @@ held-out split, so each seed pair has its own held-out pairs (both arms the same
 ``dpo.batch_size``. At least 5 seeds are expected (fewer: a warning, e.g. ``ci`` profiles), and at least 8
 evaluations after step 0 (fewer: a warning).
 
-Grids and evaluation samples (issue 19): the shipped sweeps evaluate at 8 points after step 0, the first at 1/8 of
+Grids and evaluation samples: the shipped sweeps evaluate at 8 points after step 0, the first at 1/8 of
 the budget (``eval.every_samples = budget / 8``). Their evaluation samples were chosen from a measured run (the
 smoke baseline of ``is_onpolicy``, seed 0, 16 samples for each of the 20 held-out prompts): the within-prompt sd of
 the VADER reward was 0.386 (reference) and 0.285 (after 40 steps), so the sampling noise of the held-out mean,
 ``sd_within / sqrt(prompts x samples)``, is 0.043 / 0.032 with 4 samples and 0.031 / 0.023 with 8. The smoke
 sweeps use 8: 0.023 at the trained policy, below the seed sd of the final reward that the A/A sweep measured
 (``results/sweeps/aa``: 0.038 over 10 seeds; the evaluation noise is part of it, since the evaluation key follows
-the seed) and well below the 0.065 issue 19 reports at quickstart scale. The 20 prompts are all the held-out groups the smoke
+the seed) and well below the 0.065 seed sd of the quickstart-scale sweep. The 20 prompts are all the held-out groups the smoke
 data has (100 prompts x ``data.eval_fraction`` 0.2); the prompt set is the same for every seed, so it adds no seed
 noise.
 
@@ -87,7 +87,7 @@ DEFAULT_BATCH_KEY = {"train": "actor.ppo_mini_batch_size", "dpo": "dpo.batch_siz
 OWNED_KEYS = ("trainer.total_steps", "trainer.eval_every", "trainer.eval_samples", "trainer.eval_prompts",
               "trainer.output_dir", "trainer.resume")
 MIN_SEEDS = 5
-MIN_EVAL_POINTS = 8   # issue 19: a grid that can resolve a data-efficiency claim
+MIN_EVAL_POINTS = 8   # a grid that can resolve a data-efficiency claim
 DEFAULT_ROOT = "results/sweeps"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -113,7 +113,7 @@ class SweepFile:
     """The sweep file's schema, loaded by :func:`jaxppo.config.from_dict` (strict keys, typed values, ranges); the
     checks between fields are in ``__post_init__``."""
 
-    REMOVED_KEYS = {"bootstrap": "the data-efficiency bootstrap is gone (issue 19: miscalibrated); the sweep "
+    REMOVED_KEYS = {"bootstrap": "the data-efficiency bootstrap is gone (miscalibrated on A/A sweeps); the sweep "
                                  "statistics are seed-paired and need no resampling settings"}
 
     base: str
