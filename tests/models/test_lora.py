@@ -188,7 +188,7 @@ def test_nf4_needs_last_dims_divisible_by_64():
 def test_adapters_under_bfloat16_compute(jit):
     """Adapters with ``compute_dtype=bfloat16`` (float32 parameters): at init (B = 0) the output is the bf16 base's
     exactly; with adapters that act it stays within bf16 rounding of the float32 adapter forward; the gradients
-    reach the adapters in float32 and the base gets none (issue 18 item 5: adapters in bf16 and f32)."""
+    reach the adapters in float32 and the base gets none (adapters in bf16 and f32)."""
     run = (lambda f: jax.jit(f)) if jit else (lambda f: f)
     base16 = tiny_lm("llama", compute_dtype="bfloat16")
     lm16 = attach_lora(tiny_lm("llama", compute_dtype="bfloat16"), LoraSpec(rank=2), seed=0)

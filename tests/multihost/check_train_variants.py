@@ -1,4 +1,4 @@
-"""A manual check (issue 17), not collected by pytest: train variants other than the CI test's smoke default
+"""A manual check, not collected by pytest: train variants other than the CI test's smoke default
 (GRPO + PF-PPO + token IS + prioritized replay; GAE + verl rollout correction + uniform replay; RLOO + sequence IS;
 LoRA rank 8 with and without adapter dropout; GRPO with whole prompt groups, replay.group_size=4) under 2 processes x
 4 devices vs 1 process x 8, 6 steps each; prints the worst relative differences.

@@ -1,5 +1,5 @@
 """jaxppo.sweeps.calibrate: the report's statistics hold their nominal rates on synthetic A/A sweeps, and the
-pre-issue-19 data-efficiency interval does not (the calibration is the statistics' own test)."""
+withdrawn data-efficiency interval does not (the calibration is the statistics' own test)."""
 
 from __future__ import annotations
 

@@ -306,7 +306,7 @@ def test_sweep_files_have_extended_not_full(stem):
     raw = yaml.safe_load((REPO / "configs" / "sweeps" / f"{stem}.yaml").read_text(encoding="utf-8"))
     assert "full" not in raw["profiles"] and set(raw["profiles"]) == {"ci", "extended"}
     assert len(raw["variants"]) >= 3 and len(raw["seeds"]) >= 5  # what a notebook's "full" reads
-    # issue 19: >= 8 evaluations after step 0, the first at <= 1/8 of the budget, committed outputs
+    # >= 8 evaluations after step 0, the first at <= 1/8 of the budget, committed outputs
     assert raw["budget"]["samples"] // raw["eval"]["every_samples"] >= 8
     assert raw["output_dir"] == f"results/sweeps/{stem}"
     assert f"{stem}.yaml --profile extended" in (REPO / "configs" / "sweeps" / f"{stem}.yaml").read_text()

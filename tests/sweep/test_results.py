@@ -66,7 +66,7 @@ def test_read_run_hand_case(tmp_path):
 
 def test_tokens_and_wall_with_log_every(tmp_path):
     """trainer.log_every=4: tokens come from the trainer's cumulative counter, wall time counts the unlogged steps
-    (each logged step's time stands for the steps since the previous row). The pre-issue-19 code summed the logged
+    (each logged step's time stands for the steps since the previous row). The earlier code summed the logged
     rows only: 4x too few tokens and too little time."""
     _fake_run(tmp_path / "a", 0.1, {8: (0.4, 0.02)}, 8, log_every=4, cumulative=True, step_time=0.5)
     c = R.read_run(tmp_path / "a", "v", 0, batch_size=8, tokens_per_sample=40)
@@ -182,7 +182,7 @@ def test_summary_hand_case(tmp_path):
 
 def test_identical_non_monotone_arms_read_no_difference(tmp_path):
     """A non-monotone baseline (it peaks before the budget) and a variant identical to it: every paired
-    comparison is 0 and the verdict is "no difference". The pre-issue-19 ratio was budget / (first time the mean
+    comparison is 0 and the verdict is "no difference". The withdrawn ratio was budget / (first time the mean
     curve reached its own final value) = 64 / 20.27 = 3.16 for this pair, interpolated between step 0 and the first
     evaluation."""
     base = [[0.0, 0.5, 0.3], [0.0, 0.6, 0.4], [0.1, 0.5, 0.35]]
