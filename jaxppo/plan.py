@@ -1,4 +1,5 @@
-"""``python -m jaxppo.plan --config FILE [overrides] [--hbm-gib N] [--json OUT] [--devices N] [--no-compile]``
+"""``python -m jaxppo.plan --config FILE [overrides] [--hbm-gib N] [--json OUT] [--devices N] [--no-compile]
+[--target accelerator|cpu]``
 
 Per-device memory of a config's run before renting hardware (an ahead-of-time compile check). The plan builds
 the SAME train state and jitted step as ``jaxppo.train`` (``trainer.setup.abstract_core``, which shares
@@ -33,10 +34,13 @@ devices), never from hand arithmetic:
   ``mesh.fsdp × mesh.tensor`` (an even split of the weights). Measured on the H200: see launch/README.md.
 
 The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
-plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports: with
-16-bit compute the CPU unrolls the layer stack (``LMConfig.unroll_layers``, as a CPU run would) where an accelerator
-scans it, so a CPU plan's ``temp_bytes`` of a 16-bit accelerator config describe the unrolled programs. ``model.remat:
-auto`` is planned as an accelerator resolves it (``false``) on simulated devices (``config.remat_note`` says so). That
+plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), and its programs are an
+accelerator's: on simulated devices (more than one CPU device) or with ``--target accelerator`` the models resolve
+their layer layout and remat as an accelerator does (``models.config.resolve_layers``: a scanned stack, ``model.remat:
+auto`` = nothing recomputed), not as the planning CPU would (16-bit stacks unrolled, "dots" for a scanned float32
+stack). ``config.layers`` states what was compiled (``target``, ``stack``, ``remat_policy``), ``config.layout_note`` and
+``config.remat_note`` each difference from a CPU run. A plan on one real CPU device (``--devices 1``) compiles the
+CPU's layout unless ``--target accelerator``. ``temp_bytes`` stay the CPU compiler's estimate of those programs. That
 mesh is the GLOBAL one of a multi-host run (``launch/multihost.py``: ``mesh.data × mesh.fsdp × mesh.tensor`` counts
 the devices of all hosts): run the plan in one process, and its per-device bytes are what each chip holds.
 """
@@ -82,16 +86,30 @@ def read_model_config(path: str | Path, what: str = "model.path") -> dict:
     return json.loads(f.read_text())
 
 
-def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: bool = True) -> dict:
-    """The memory plan of ``cfg`` on ``devices`` (default all): a JSON-able dict (see the module docstring)."""
+def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: bool = True,
+         target: str | None = None) -> dict:
+    """The memory plan of ``cfg`` on ``devices`` (default all): a JSON-able dict (see the module docstring). Its
+    models resolve their layer layout and remat for ``target`` ("accelerator" or "cpu"; None: ``target_backend``
+    of the devices), stated in ``config.layers``."""
+    import jax
+
+    from jaxppo.models.config import layout_backend
+
+    devices = list(jax.devices() if devices is None else devices)
+    target = target or target_backend(devices)
+    with layout_backend(target):
+        p = _plan(cfg, devices, hbm_gib, compile_step)
+    p["config"].update(layers_for_target(cfg, target))
+    return p
+
+
+def _plan(cfg: Any, devices: list, hbm_gib: float | None, compile_step: bool) -> dict:
     import jax
 
     from jaxppo.trainer.mesh import mesh_from_config
     from jaxppo.trainer.ppo.setup import abstract_core, check_config
 
-    devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
-    cfg, remat_note = _remat_for_target(cfg, devices)
     m = cfg.mesh
     mesh, rules = mesh_from_config(m, devices)
     critic_hf = read_model_config(cfg.critic.model_path, "critic.model_path") \
@@ -140,7 +158,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     return {
         "config": {"model.path": str(cfg.model.path), "mesh": {"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor},
                    "param_dtype": cfg.model.param_dtype, "compute_dtype": cfg.model.compute_dtype,
-                   "remat": cfg.model.remat, "remat_note": remat_note, "share_trunk": cfg.critic.share_trunk,
+                   "remat": cfg.model.remat, "share_trunk": cfg.critic.share_trunk,
                    "prompt_length": cfg.data.max_prompt_length, "response_length": cfg.data.max_response_length,
                    "ppo_mini_batch_size": cfg.actor.ppo_mini_batch_size,
                    "ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size or cfg.actor.ppo_mini_batch_size,
@@ -164,18 +182,34 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     }
 
 
-def _remat_for_target(cfg: Any, devices) -> tuple[Any, str | None]:
-    """``(cfg, note)``: on simulated CPU devices (a plan for accelerators) ``model.remat: auto`` is planned as an
-    accelerator resolves it, i.e. ``false`` (nothing recomputed; ``LMConfig.remat_policy``), not as the planning
-    CPU would ("dots" for a scanned float32 stack, whose saved activations are smaller): otherwise the plan would
-    under-count the accelerator run's temporaries. A real single-device CPU plan keeps "auto"."""
-    import dataclasses
+def target_backend(devices) -> str:
+    """The backend a plan on ``devices`` compiles for: "accelerator" on simulated CPU devices (more than one CPU
+    device: a plan for GPUs or TPUs), else the devices' own platform (a real single-device CPU plan is the CPU's)."""
+    platform = devices[0].platform
+    return "accelerator" if platform == "cpu" and len(devices) > 1 else platform
 
-    if cfg.model.remat != "auto" or not (devices[0].platform == "cpu" and len(devices) > 1):
-        return cfg, None
-    note = ("model.remat 'auto' planned as on an accelerator (false: every activation saved); on a CPU it saves only "
-            "the matrix products of a scanned float32 stack")
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=False)), note
+
+def layers_for_target(cfg: Any, target: str) -> dict:
+    """``{"layers", "layout_note", "remat_note"}`` of the plan's ``config``: how the policy's layer stack was
+    compiled for ``target`` (``models.config.resolve_layers``: ``unroll``, ``remat_policy``), and, for a target
+    other than the CPU, a note for each of the two that a CPU run of the same config resolves otherwise."""
+    from jaxppo.models.config import resolve_layers
+    from jaxppo.trainer.ppo.setup import lm_config
+
+    lm = lm_config(read_model_config(cfg.model.path), cfg.model)
+    unroll, policy = resolve_layers(lm, target)
+    cpu_unroll, cpu_policy = resolve_layers(lm, "cpu")
+    stack = lambda u: "unrolled" if u else "scanned"  # noqa: E731
+    saved = {None: "nothing recomputed: every activation saved", "full": "each layer recomputed from its input",
+             "dots": "only the matrix products saved"}
+    layout_note = remat_note = None
+    if target != "cpu" and unroll != cpu_unroll:
+        layout_note = f"layer stack planned as on an accelerator ({stack(unroll)}); on a CPU it is {stack(cpu_unroll)}"
+    if target != "cpu" and policy != cpu_policy:
+        remat_note = (f"model.remat {cfg.model.remat!r} planned as on an accelerator ({saved[policy]}); on a CPU: "
+                      f"{saved[cpu_policy]}")
+    return {"layers": {"target": target, "stack": stack(unroll), "remat_policy": policy},
+            "layout_note": layout_note, "remat_note": remat_note}
 
 
 def load_peak(cfg: Any, hf_config: dict, device, *, model_shards: int = 1) -> dict | None:
@@ -257,8 +291,9 @@ def format_table(p: dict) -> str:
         rows.append(f"fits {p['hbm_gib']} GiB per device: {'yes' if p['fits'] else 'NO'}")
     if p["temp_note"]:
         rows.append(p["temp_note"])
-    if p["config"].get("remat_note"):
-        rows.append(p["config"]["remat_note"])
+    for note in ("layout_note", "remat_note"):
+        if p["config"].get(note):
+            rows.append(p["config"][note])
     return "\n".join([head, *rows])
 
 
@@ -279,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.add_argument("--json", default=None, help="write the plan as JSON here")
         ap.add_argument("--devices", type=int, default=None, help="device count (default: the config's mesh size)")
         ap.add_argument("--no-compile", action="store_true", help="skip the XLA compile (temp_bytes reported as null)")
+        ap.add_argument("--target", choices=("accelerator", "cpu"), default=None,
+                        help="layer layout and remat to compile: an accelerator's or the CPU's (default: the "
+                             "accelerator's on simulated devices, else the devices' own)")
 
     args, cfg = parse_args_and_config(PROG, "Per-device memory of a config's train state and compiled update step, on "
                                       "(simulated) devices, before renting hardware.", argv, add_arguments=options,
@@ -301,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(p, indent=2) + "\n")
 
     return run_cli(PROG, lambda: plan(cfg, devices=have[:n], hbm_gib=args.hbm_gib,
-                                      compile_step=not args.no_compile), report)
+                                      compile_step=not args.no_compile, target=args.target), report)
 
 
 if __name__ == "__main__":
