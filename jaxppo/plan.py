@@ -53,6 +53,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -297,6 +298,176 @@ def format_table(p: dict) -> str:
     return "\n".join([head, *rows])
 
 
+# ---------------------------------------------------------------- the shipped examples' plans and the README table
+REPO = Path(__file__).resolve().parents[1]
+#: the plans' model.path: Qwen2.5-7B-Instruct's config.json (its shapes; the plan reads nothing else)
+EXAMPLE_MODEL = "configs/examples/qwen2_5_7b_shapes/config.json"
+README = "launch/README.md"
+TABLE_BEGIN, TABLE_END = "<!-- plan table: begin -->", "<!-- plan table: end -->"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One planned layout: a shipped example (``config``, under the repository) with ``overrides``, as launched by
+    ``how``. Its budget is the config's ``mesh.hbm_gib``."""
+
+    name: str
+    config: str
+    overrides: tuple[str, ...]
+    how: str
+
+
+#: every example in configs/examples/ and every launch layout launch/README.md documents
+LAYOUTS: tuple[Layout, ...] = (
+    Layout("qwen2_5_7b_fsdp8", "configs/examples/qwen2_5_7b_fsdp8.yaml", (), "launch/gpu_8x.sh: one host, 8 GPUs"),
+    Layout("qwen2_5_7b_fsdp8_slurm_4x8", "configs/examples/qwen2_5_7b_fsdp8.yaml",
+           ("mesh.data=4", "actor.ppo_micro_batch_size=32"), "SLURM recipe: 4 hosts x 8 GPUs"),
+    Layout("tpu_v5e_32", "configs/examples/tpu_v5e_32.yaml", (), "launch/tpu_pod.sh: TPU v5e-32"),
+    Layout("qwen2_5_7b_lora_80gb", "configs/examples/qwen2_5_7b_lora_80gb.yaml", (), "python -m jaxppo.train: 1 GPU"),
+    Layout("qwen2_5_7b_qlora_24gb", "configs/examples/qwen2_5_7b_qlora_24gb.yaml", (), "python -m jaxppo.train: 1 GPU"),
+)
+
+
+def layout_config(layout: Layout, model: str | Path | None = None) -> Any:
+    """The layout's config, ``model.path`` = ``model`` (default ``EXAMPLE_MODEL``, relative to the working
+    directory when it is inside the repository)."""
+    from jaxppo.config import load_config
+
+    if model is None:
+        model = REPO / EXAMPLE_MODEL
+        if Path.cwd().resolve().is_relative_to(REPO):
+            model = os.path.relpath(model)
+    return load_config(REPO / layout.config, [f"model.path={model}", *layout.overrides])
+
+
+def device_count(cfg: Any) -> int:
+    return cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
+
+
+def plan_layout(layout: Layout, devices, *, model: str | Path | None = None, compile_step: bool = True) -> dict:
+    """``plan`` of the layout for an accelerator on the first ``device_count`` of ``devices``, against the config's
+    ``mesh.hbm_gib``."""
+    cfg = layout_config(layout, model)
+    return plan(cfg, devices=list(devices)[:device_count(cfg)], hbm_gib=cfg.mesh.hbm_gib, compile_step=compile_step,
+                target="accelerator")
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def _machine() -> dict:
+    import platform
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else None
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0]}
+
+
+def layout_record(layout: Layout, p: dict, *, load_before: list[float]) -> dict:
+    """The JSON record of one layout's plan: what was planned, how, where and when, and the plan."""
+    import datetime
+
+    import jax
+
+    return {"name": layout.name, "config": layout.config, "overrides": list(layout.overrides), "how": layout.how,
+            "command": f"{PROG} --examples --out DIR",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": _machine(), "load": {"before": load_before, "after": list(os.getloadavg())},
+            "git_commit": _git_commit(), "jax": jax.__version__, "plan": p}
+
+
+def write_records(out: str | Path, devices, layouts: Sequence[Layout] = LAYOUTS, *,
+                  compile_step: bool = True) -> list[dict]:
+    """Plan every layout and write ``out/<name>.json``; returns the records."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for layout in layouts:
+        load = list(os.getloadavg())
+        rec = layout_record(layout, plan_layout(layout, devices, compile_step=compile_step), load_before=load)
+        (out / f"{layout.name}.json").write_text(json.dumps(rec, indent=2) + "\n")
+        print(f"{layout.name}:\n{format_table(rec['plan'])}\n", flush=True)
+        recs.append(rec)
+    return recs
+
+
+def read_records(out: str | Path, layouts: Sequence[Layout] = LAYOUTS) -> list[dict]:
+    """The records of ``layouts`` in ``out``, in ``layouts``' order (FileNotFoundError naming a missing one)."""
+    return [json.loads((Path(out) / f"{layout.name}.json").read_text()) for layout in layouts]
+
+
+def examples_table(records: Sequence[dict]) -> str:
+    """launch/README.md's memory table of the records: per device GiB of each category, the three programs'
+    temporaries, the total (and a quantized base's load peak) against the config's budget."""
+    def g(x):
+        return f"{x / GiB:.2f}"
+
+    rows = ["| layout | launched by | mesh (devices) | params | AdamW | replay | reference | temp: step / prepare / "
+            "behaviour | total per device | budget (`mesh.hbm_gib`) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        p = r["plan"]
+        c, d, per = p["config"], p["devices"], p["per_device"]
+        mesh = " × ".join(f"{k}={v}" for k, v in c["mesh"].items() if v > 1) or "1 device"
+        over = "".join(f" `{o}`" for o in r["overrides"])
+        t = p["temp_by_phase"]
+        total = f"**{g(per['total_bytes'])}**" + (f"; load {g(p['load']['bytes'])}" if p.get("load") else "")
+        rows.append(f"| `{Path(r['config']).name}`{over} | {r['how']} | {mesh} ({d['count']}) | {g(per['params_bytes'])}"
+                    f" | {g(per['optimizer_bytes'])} | {g(per['replay_bytes'])} | {g(per['reference_bytes'])} | "
+                    f"{g(t['step'])} / {g(t['prepare'])} / {g(t['behaviour'])} | {total} | {p['hbm_gib']:g} GiB: "
+                    f"{'fits' if p['fits'] else '**does not fit**'} |")
+    return "\n".join(rows)
+
+
+def rewrite_table(text: str, table: str) -> str:
+    """``text`` with what lies between ``TABLE_BEGIN`` and ``TABLE_END`` replaced by ``table``."""
+    i, j = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
+    return text[:i] + "\n" + table + "\n" + text[j:]
+
+
+def examples_main(argv: Sequence[str]) -> int:
+    """``--examples [--out DIR] [--layouts NAME ...] [--no-compile] [--records-only | --table-only]``: plan the
+    layouts (default all of ``LAYOUTS``) into DIR's records (not with ``--table-only``), then rewrite
+    launch/README.md's table from DIR's records of all layouts (not with ``--records-only``)."""
+    ap = argparse.ArgumentParser(prog=f"{PROG} --examples", description="Plan the shipped examples and launch layouts "
+                                 "(JSON records) and rewrite launch/README.md's memory table from the records.")
+    ap.add_argument("--examples", action="store_true", required=True)
+    ap.add_argument("--out", default="results/plans", help="folder of the JSON records (default results/plans)")
+    ap.add_argument("--layouts", nargs="+", choices=[lo.name for lo in LAYOUTS], default=None,
+                    help="plan only these layouts (default: all)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the XLA compiles (temp_bytes null)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--records-only", action="store_true", help="write the records, leave the README")
+    only.add_argument("--table-only", action="store_true", help="only rewrite the table from the records in --out")
+    args = ap.parse_args(list(argv))
+    if not args.table_only:
+        layouts = [lo for lo in LAYOUTS if args.layouts is None or lo.name in args.layouts]
+        n = max(device_count(layout_config(layout)) for layout in layouts)
+        _ensure_devices(n)
+        import jax
+
+        if len(jax.devices()) < n:
+            print(f"{PROG}: error: {n} devices needed but {len(jax.devices())} exist (run the command in a fresh "
+                  "process)", file=sys.stderr)
+            return 2
+        write_records(args.out, jax.devices(), layouts, compile_step=not args.no_compile)
+    if args.records_only:
+        return 0
+    readme = REPO / README
+    readme.write_text(rewrite_table(readme.read_text(), examples_table(read_records(args.out))))
+    print(f"{README}: table rewritten from {args.out}")
+    return 0
+
+
 def _ensure_devices(n: int) -> None:
     """Before jax starts its backend: simulate ``n`` CPU devices unless the user chose a platform."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -309,8 +480,12 @@ def _ensure_devices(n: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxppo.cli_util import parse_args_and_config, run_cli
 
+    if "--examples" in (sys.argv[1:] if argv is None else argv):
+        return examples_main(sys.argv[1:] if argv is None else argv)
+
     def options(ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("--hbm-gib", type=float, default=None, help="memory per device to check against (GiB)")
+        ap.add_argument("--hbm-gib", type=float, default=None,
+                        help="memory per device to check against (GiB; default: the config's mesh.hbm_gib)")
         ap.add_argument("--json", default=None, help="write the plan as JSON here")
         ap.add_argument("--devices", type=int, default=None, help="device count (default: the config's mesh size)")
         ap.add_argument("--no-compile", action="store_true", help="skip the XLA compile (temp_bytes reported as null)")
@@ -338,7 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(p, indent=2) + "\n")
 
-    return run_cli(PROG, lambda: plan(cfg, devices=have[:n], hbm_gib=args.hbm_gib,
+    hbm_gib = args.hbm_gib if args.hbm_gib is not None else m.hbm_gib
+    return run_cli(PROG, lambda: plan(cfg, devices=have[:n], hbm_gib=hbm_gib,
                                       compile_step=not args.no_compile, target=args.target), report)
 
 
