@@ -319,12 +319,12 @@ class Layout:
 
 #: every example in configs/examples/ and every launch layout launch/README.md documents
 LAYOUTS: tuple[Layout, ...] = (
-    Layout("qwen2_5_7b_fsdp8", "configs/examples/qwen2_5_7b_fsdp8.yaml", (), "launch/gpu_8x.sh: one host, 8 GPUs"),
+    Layout("qwen2_5_7b_fsdp8", "configs/examples/qwen2_5_7b_fsdp8.yaml", (), "`launch/gpu_8x.sh`: one host, 8 GPUs"),
     Layout("qwen2_5_7b_fsdp8_slurm_4x8", "configs/examples/qwen2_5_7b_fsdp8.yaml",
-           ("mesh.data=4", "actor.ppo_micro_batch_size=32"), "SLURM recipe: 4 hosts x 8 GPUs"),
-    Layout("tpu_v5e_32", "configs/examples/tpu_v5e_32.yaml", (), "launch/tpu_pod.sh: TPU v5e-32"),
-    Layout("qwen2_5_7b_lora_80gb", "configs/examples/qwen2_5_7b_lora_80gb.yaml", (), "python -m jaxppo.train: 1 GPU"),
-    Layout("qwen2_5_7b_qlora_24gb", "configs/examples/qwen2_5_7b_qlora_24gb.yaml", (), "python -m jaxppo.train: 1 GPU"),
+           ("mesh.data=4", "actor.ppo_micro_batch_size=32"), "`srun launch/multihost.py` (SLURM recipe): 4 hosts x 8 GPUs"),
+    Layout("tpu_v5e_32", "configs/examples/tpu_v5e_32.yaml", (), "`launch/tpu_pod.sh`: TPU v5e-32, 8 hosts x 4 chips"),
+    Layout("qwen2_5_7b_lora_80gb", "configs/examples/qwen2_5_7b_lora_80gb.yaml", (), "`python -m jaxppo.train`: one GPU"),
+    Layout("qwen2_5_7b_qlora_24gb", "configs/examples/qwen2_5_7b_qlora_24gb.yaml", (), "`python -m jaxppo.train`: one GPU"),
 )
 
 
