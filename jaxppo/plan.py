@@ -1,4 +1,5 @@
-"""``python -m jaxppo.plan --config FILE [overrides] [--hbm-gib N] [--json OUT] [--devices N] [--no-compile]``
+"""``python -m jaxppo.plan --config FILE [overrides] [--hbm-gib N] [--json OUT] [--devices N] [--no-compile]
+[--target accelerator|cpu]``
 
 Per-device memory of a config's run before renting hardware (an ahead-of-time compile check). The plan builds
 the SAME train state and jitted step as ``jaxppo.train`` (``trainer.setup.abstract_core``, which shares
@@ -33,10 +34,13 @@ devices), never from hand arithmetic:
   ``mesh.fsdp × mesh.tensor`` (an even split of the weights). Measured on the H200: see launch/README.md.
 
 The mesh is the config's, over ``--devices`` devices (default its size). Unless ``JAX_PLATFORMS`` is set, the
-plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), which is what it reports: with
-16-bit compute the CPU unrolls the layer stack (``LMConfig.unroll_layers``, as a CPU run would) where an accelerator
-scans it, so a CPU plan's ``temp_bytes`` of a 16-bit accelerator config describe the unrolled programs. ``model.remat:
-auto`` is planned as an accelerator resolves it (``false``) on simulated devices (``config.remat_note`` says so). That
+plan runs on simulated CPU devices (``--xla_force_host_platform_device_count``), and its programs are an
+accelerator's: on simulated devices (more than one CPU device) or with ``--target accelerator`` the models resolve
+their layer layout and remat as an accelerator does (``models.config.resolve_layers``: a scanned stack, ``model.remat:
+auto`` = nothing recomputed), not as the planning CPU would (16-bit stacks unrolled, "dots" for a scanned float32
+stack). ``config.layers`` states what was compiled (``target``, ``stack``, ``remat_policy``), ``config.layout_note`` and
+``config.remat_note`` each difference from a CPU run. A plan on one real CPU device (``--devices 1``) compiles the
+CPU's layout unless ``--target accelerator``. ``temp_bytes`` stay the CPU compiler's estimate of those programs. That
 mesh is the GLOBAL one of a multi-host run (``launch/multihost.py``: ``mesh.data × mesh.fsdp × mesh.tensor`` counts
 the devices of all hosts): run the plan in one process, and its per-device bytes are what each chip holds.
 """
@@ -49,6 +53,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -82,16 +87,30 @@ def read_model_config(path: str | Path, what: str = "model.path") -> dict:
     return json.loads(f.read_text())
 
 
-def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: bool = True) -> dict:
-    """The memory plan of ``cfg`` on ``devices`` (default all): a JSON-able dict (see the module docstring)."""
+def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: bool = True,
+         target: str | None = None) -> dict:
+    """The memory plan of ``cfg`` on ``devices`` (default all): a JSON-able dict (see the module docstring). Its
+    models resolve their layer layout and remat for ``target`` ("accelerator" or "cpu"; None: ``target_backend``
+    of the devices), stated in ``config.layers``."""
+    import jax
+
+    from jaxppo.models.config import layout_backend
+
+    devices = list(jax.devices() if devices is None else devices)
+    target = target or target_backend(devices)
+    with layout_backend(target):
+        p = _plan(cfg, devices, hbm_gib, compile_step)
+    p["config"].update(layers_for_target(cfg, target))
+    return p
+
+
+def _plan(cfg: Any, devices: list, hbm_gib: float | None, compile_step: bool) -> dict:
     import jax
 
     from jaxppo.trainer.mesh import mesh_from_config
     from jaxppo.trainer.ppo.setup import abstract_core, check_config
 
-    devices = list(jax.devices() if devices is None else devices)
     check_config(cfg, len(devices))
-    cfg, remat_note = _remat_for_target(cfg, devices)
     m = cfg.mesh
     mesh, rules = mesh_from_config(m, devices)
     critic_hf = read_model_config(cfg.critic.model_path, "critic.model_path") \
@@ -140,7 +159,7 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     return {
         "config": {"model.path": str(cfg.model.path), "mesh": {"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor},
                    "param_dtype": cfg.model.param_dtype, "compute_dtype": cfg.model.compute_dtype,
-                   "remat": cfg.model.remat, "remat_note": remat_note, "share_trunk": cfg.critic.share_trunk,
+                   "remat": cfg.model.remat, "share_trunk": cfg.critic.share_trunk,
                    "prompt_length": cfg.data.max_prompt_length, "response_length": cfg.data.max_response_length,
                    "ppo_mini_batch_size": cfg.actor.ppo_mini_batch_size,
                    "ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size or cfg.actor.ppo_mini_batch_size,
@@ -164,18 +183,34 @@ def plan(cfg: Any, *, devices=None, hbm_gib: float | None = None, compile_step: 
     }
 
 
-def _remat_for_target(cfg: Any, devices) -> tuple[Any, str | None]:
-    """``(cfg, note)``: on simulated CPU devices (a plan for accelerators) ``model.remat: auto`` is planned as an
-    accelerator resolves it, i.e. ``false`` (nothing recomputed; ``LMConfig.remat_policy``), not as the planning
-    CPU would ("dots" for a scanned float32 stack, whose saved activations are smaller): otherwise the plan would
-    under-count the accelerator run's temporaries. A real single-device CPU plan keeps "auto"."""
-    import dataclasses
+def target_backend(devices) -> str:
+    """The backend a plan on ``devices`` compiles for: "accelerator" on simulated CPU devices (more than one CPU
+    device: a plan for GPUs or TPUs), else the devices' own platform (a real single-device CPU plan is the CPU's)."""
+    platform = devices[0].platform
+    return "accelerator" if platform == "cpu" and len(devices) > 1 else platform
 
-    if cfg.model.remat != "auto" or not (devices[0].platform == "cpu" and len(devices) > 1):
-        return cfg, None
-    note = ("model.remat 'auto' planned as on an accelerator (false: every activation saved); on a CPU it saves only "
-            "the matrix products of a scanned float32 stack")
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=False)), note
+
+def layers_for_target(cfg: Any, target: str) -> dict:
+    """``{"layers", "layout_note", "remat_note"}`` of the plan's ``config``: how the policy's layer stack was
+    compiled for ``target`` (``models.config.resolve_layers``: ``unroll``, ``remat_policy``), and, for a target
+    other than the CPU, a note for each of the two that a CPU run of the same config resolves otherwise."""
+    from jaxppo.models.config import resolve_layers
+    from jaxppo.trainer.ppo.setup import lm_config
+
+    lm = lm_config(read_model_config(cfg.model.path), cfg.model)
+    unroll, policy = resolve_layers(lm, target)
+    cpu_unroll, cpu_policy = resolve_layers(lm, "cpu")
+    stack = lambda u: "unrolled" if u else "scanned"  # noqa: E731
+    saved = {None: "nothing recomputed: every activation saved", "full": "each layer recomputed from its input",
+             "dots": "only the matrix products saved"}
+    layout_note = remat_note = None
+    if target != "cpu" and unroll != cpu_unroll:
+        layout_note = f"layer stack planned as on an accelerator ({stack(unroll)}); on a CPU it is {stack(cpu_unroll)}"
+    if target != "cpu" and policy != cpu_policy:
+        remat_note = (f"model.remat {cfg.model.remat!r} planned as on an accelerator ({saved[policy]}); on a CPU: "
+                      f"{saved[cpu_policy]}")
+    return {"layers": {"target": target, "stack": stack(unroll), "remat_policy": policy},
+            "layout_note": layout_note, "remat_note": remat_note}
 
 
 def load_peak(cfg: Any, hf_config: dict, device, *, model_shards: int = 1) -> dict | None:
@@ -257,9 +292,180 @@ def format_table(p: dict) -> str:
         rows.append(f"fits {p['hbm_gib']} GiB per device: {'yes' if p['fits'] else 'NO'}")
     if p["temp_note"]:
         rows.append(p["temp_note"])
-    if p["config"].get("remat_note"):
-        rows.append(p["config"]["remat_note"])
+    for note in ("layout_note", "remat_note"):
+        if p["config"].get(note):
+            rows.append(p["config"][note])
     return "\n".join([head, *rows])
+
+
+# ---------------------------------------------------------------- the shipped examples' plans and the README table
+REPO = Path(__file__).resolve().parents[1]
+#: the plans' model.path: Qwen2.5-7B-Instruct's config.json (its shapes; the plan reads nothing else)
+EXAMPLE_MODEL = "configs/examples/qwen2_5_7b_shapes/config.json"
+README = "launch/README.md"
+TABLE_BEGIN, TABLE_END = "<!-- plan table: begin -->", "<!-- plan table: end -->"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One planned layout: a shipped example (``config``, under the repository) with ``overrides``, as launched by
+    ``how``. Its budget is the config's ``mesh.hbm_gib``."""
+
+    name: str
+    config: str
+    overrides: tuple[str, ...]
+    how: str
+
+
+#: every example in configs/examples/ and every launch layout launch/README.md documents
+LAYOUTS: tuple[Layout, ...] = (
+    Layout("qwen2_5_7b_fsdp8", "configs/examples/qwen2_5_7b_fsdp8.yaml", (), "`launch/gpu_8x.sh`: one host, 8 GPUs"),
+    Layout("qwen2_5_7b_fsdp8_slurm_4x8", "configs/examples/qwen2_5_7b_fsdp8.yaml",
+           ("mesh.data=4", "actor.ppo_micro_batch_size=32"), "`srun launch/multihost.py` (SLURM recipe): 4 hosts x 8 GPUs"),
+    Layout("tpu_v5e_32", "configs/examples/tpu_v5e_32.yaml", (), "`launch/tpu_pod.sh`: TPU v5e-32, 8 hosts x 4 chips"),
+    Layout("qwen2_5_7b_lora_80gb", "configs/examples/qwen2_5_7b_lora_80gb.yaml", (), "`python -m jaxppo.train`: one GPU"),
+    Layout("qwen2_5_7b_qlora_24gb", "configs/examples/qwen2_5_7b_qlora_24gb.yaml", (), "`python -m jaxppo.train`: one GPU"),
+)
+
+
+def layout_config(layout: Layout, model: str | Path | None = None) -> Any:
+    """The layout's config, ``model.path`` = ``model`` (default ``EXAMPLE_MODEL``, relative to the working
+    directory when it is inside the repository)."""
+    from jaxppo.config import load_config
+
+    if model is None:
+        model = REPO / EXAMPLE_MODEL
+        if Path.cwd().resolve().is_relative_to(REPO):
+            model = os.path.relpath(model)
+    return load_config(REPO / layout.config, [f"model.path={model}", *layout.overrides])
+
+
+def device_count(cfg: Any) -> int:
+    return cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
+
+
+def plan_layout(layout: Layout, devices, *, model: str | Path | None = None, compile_step: bool = True) -> dict:
+    """``plan`` of the layout for an accelerator on the first ``device_count`` of ``devices``, against the config's
+    ``mesh.hbm_gib``."""
+    cfg = layout_config(layout, model)
+    return plan(cfg, devices=list(devices)[:device_count(cfg)], hbm_gib=cfg.mesh.hbm_gib, compile_step=compile_step,
+                target="accelerator")
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def _machine() -> dict:
+    import platform
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else None
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0]}
+
+
+def layout_record(layout: Layout, p: dict, *, load_before: list[float]) -> dict:
+    """The JSON record of one layout's plan: what was planned, how, where and when, and the plan."""
+    import datetime
+
+    import jax
+
+    return {"name": layout.name, "config": layout.config, "overrides": list(layout.overrides), "how": layout.how,
+            "command": f"{PROG} --examples --out DIR",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": _machine(), "load": {"before": load_before, "after": list(os.getloadavg())},
+            "git_commit": _git_commit(), "jax": jax.__version__, "plan": p}
+
+
+def write_records(out: str | Path, devices, layouts: Sequence[Layout] = LAYOUTS, *,
+                  compile_step: bool = True) -> list[dict]:
+    """Plan every layout and write ``out/<name>.json``; returns the records."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for layout in layouts:
+        load = list(os.getloadavg())
+        rec = layout_record(layout, plan_layout(layout, devices, compile_step=compile_step), load_before=load)
+        (out / f"{layout.name}.json").write_text(json.dumps(rec, indent=2) + "\n")
+        print(f"{layout.name}:\n{format_table(rec['plan'])}\n", flush=True)
+        recs.append(rec)
+    return recs
+
+
+def read_records(out: str | Path, layouts: Sequence[Layout] = LAYOUTS) -> list[dict]:
+    """The records of ``layouts`` in ``out``, in ``layouts``' order (FileNotFoundError naming a missing one)."""
+    return [json.loads((Path(out) / f"{layout.name}.json").read_text()) for layout in layouts]
+
+
+def examples_table(records: Sequence[dict]) -> str:
+    """launch/README.md's memory table of the records: per device GiB of each category, the three programs'
+    temporaries, the total (and a quantized base's load peak) against the config's budget."""
+    def g(x):
+        return f"{x / GiB:.2f}"
+
+    rows = ["| layout | launched by | mesh (devices) | params | AdamW | replay | reference | temp: step / prepare / "
+            "behaviour | total per device | budget (`mesh.hbm_gib`) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        p = r["plan"]
+        c, d, per = p["config"], p["devices"], p["per_device"]
+        mesh = " × ".join(f"{k}={v}" for k, v in c["mesh"].items() if v > 1) or "1 device"
+        over = "".join(f" `{o}`" for o in r["overrides"])
+        t = p["temp_by_phase"]
+        total = f"**{g(per['total_bytes'])}**" + (f"; load {g(p['load']['bytes'])}" if p.get("load") else "")
+        rows.append(f"| `{Path(r['config']).name}`{over} | {r['how']} | {mesh} ({d['count']}) | {g(per['params_bytes'])}"
+                    f" | {g(per['optimizer_bytes'])} | {g(per['replay_bytes'])} | {g(per['reference_bytes'])} | "
+                    f"{g(t['step'])} / {g(t['prepare'])} / {g(t['behaviour'])} | {total} | {p['hbm_gib']:g} GiB: "
+                    f"{'fits' if p['fits'] else '**does not fit**'} |")
+    return "\n".join(rows)
+
+
+def rewrite_table(text: str, table: str) -> str:
+    """``text`` with what lies between ``TABLE_BEGIN`` and ``TABLE_END`` replaced by ``table``."""
+    i, j = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
+    return text[:i] + "\n" + table + "\n" + text[j:]
+
+
+def examples_main(argv: Sequence[str]) -> int:
+    """``--examples [--out DIR] [--layouts NAME ...] [--no-compile] [--records-only | --table-only]``: plan the
+    layouts (default all of ``LAYOUTS``) into DIR's records (not with ``--table-only``), then rewrite
+    launch/README.md's table from DIR's records of all layouts (not with ``--records-only``)."""
+    ap = argparse.ArgumentParser(prog=f"{PROG} --examples", description="Plan the shipped examples and launch layouts "
+                                 "(JSON records) and rewrite launch/README.md's memory table from the records.")
+    ap.add_argument("--examples", action="store_true", required=True)
+    ap.add_argument("--out", default="results/plans", help="folder of the JSON records (default results/plans)")
+    ap.add_argument("--layouts", nargs="+", choices=[lo.name for lo in LAYOUTS], default=None,
+                    help="plan only these layouts (default: all)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the XLA compiles (temp_bytes null)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--records-only", action="store_true", help="write the records, leave the README")
+    only.add_argument("--table-only", action="store_true", help="only rewrite the table from the records in --out")
+    args = ap.parse_args(list(argv))
+    if not args.table_only:
+        layouts = [lo for lo in LAYOUTS if args.layouts is None or lo.name in args.layouts]
+        n = max(device_count(layout_config(layout)) for layout in layouts)
+        _ensure_devices(n)
+        import jax
+
+        if len(jax.devices()) < n:
+            print(f"{PROG}: error: {n} devices needed but {len(jax.devices())} exist (run the command in a fresh "
+                  "process)", file=sys.stderr)
+            return 2
+        write_records(args.out, jax.devices(), layouts, compile_step=not args.no_compile)
+    if args.records_only:
+        return 0
+    readme = REPO / README
+    readme.write_text(rewrite_table(readme.read_text(), examples_table(read_records(args.out))))
+    print(f"{README}: table rewritten from {args.out}")
+    return 0
 
 
 def _ensure_devices(n: int) -> None:
@@ -274,11 +480,18 @@ def _ensure_devices(n: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from jaxppo.cli_util import parse_args_and_config, run_cli
 
+    if "--examples" in (sys.argv[1:] if argv is None else argv):
+        return examples_main(sys.argv[1:] if argv is None else argv)
+
     def options(ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("--hbm-gib", type=float, default=None, help="memory per device to check against (GiB)")
+        ap.add_argument("--hbm-gib", type=float, default=None,
+                        help="memory per device to check against (GiB; default: the config's mesh.hbm_gib)")
         ap.add_argument("--json", default=None, help="write the plan as JSON here")
         ap.add_argument("--devices", type=int, default=None, help="device count (default: the config's mesh size)")
         ap.add_argument("--no-compile", action="store_true", help="skip the XLA compile (temp_bytes reported as null)")
+        ap.add_argument("--target", choices=("accelerator", "cpu"), default=None,
+                        help="layer layout and remat to compile: an accelerator's or the CPU's (default: the "
+                             "accelerator's on simulated devices, else the devices' own)")
 
     args, cfg = parse_args_and_config(PROG, "Per-device memory of a config's train state and compiled update step, on "
                                       "(simulated) devices, before renting hardware.", argv, add_arguments=options,
@@ -300,8 +513,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(p, indent=2) + "\n")
 
-    return run_cli(PROG, lambda: plan(cfg, devices=have[:n], hbm_gib=args.hbm_gib,
-                                      compile_step=not args.no_compile), report)
+    hbm_gib = args.hbm_gib if args.hbm_gib is not None else m.hbm_gib
+    return run_cli(PROG, lambda: plan(cfg, devices=have[:n], hbm_gib=hbm_gib,
+                                      compile_step=not args.no_compile, target=args.target), report)
 
 
 if __name__ == "__main__":

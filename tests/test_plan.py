@@ -1,7 +1,7 @@
 """``jaxppo.plan``: per-device memory of a config's real (abstract) state and compiled step.
 
-The Qwen2.5-7B examples are planned without compiling (a 7B compile takes ~70 s on CPU; its measured
-output is in benchmarks/README.md); the compile is tested on stories260K's real config.json.
+The Qwen2.5-7B examples are planned here without compiling (tests/test_plan_examples.py compiles one and checks
+every example's committed plan against its budget); the compile is tested on stories260K's real config.json.
 """
 
 from __future__ import annotations
@@ -88,12 +88,56 @@ def test_remat_auto_is_planned_for_the_target(stories_model):
                    devices=jax.devices()[:2]) for r in ("auto", "false")}
     assert temps(two["auto"]) == temps(two["false"])
     assert "planned as on an accelerator" in two["auto"]["config"]["remat_note"]
-    assert two["auto"]["config"]["remat"] is False and two["false"]["config"]["remat_note"] is None
+    assert two["auto"]["config"]["remat"] == "auto" and two["false"]["config"]["remat_note"] is None
+    assert two["auto"]["config"]["layers"] == {"target": "accelerator", "stack": "scanned", "remat_policy": None}
     assert "planned as on an accelerator" in format_table(two["auto"])
     one = {r: plan(load_config(REPO / "configs/smoke.yaml", [*over, "mesh.data=1", f"model.remat={r}"]),
                    devices=jax.devices()[:1]) for r in ("auto", "false")}
     assert one["auto"]["config"]["remat"] == "auto" and one["auto"]["config"]["remat_note"] is None
+    assert one["auto"]["config"]["layers"] == {"target": "cpu", "stack": "scanned", "remat_policy": "dots"}
     assert temps(one["auto"]) < temps(one["false"])
+
+
+def test_layer_layout_is_planned_for_the_target(stories_model):
+    """A 16-bit stack unrolls on the CPU and scans on an accelerator: on simulated devices the plan compiles the
+    scanned stack (``config.layers``, the layout note in JSON and table), on one real CPU device the unrolled one,
+    and the two are different programs with different temporaries."""
+    over = [f"model.path={stories_model}", "mesh.fsdp=1", "mesh.tensor=1", "model.compute_dtype=bfloat16",
+            "model.remat=false"]
+    two = plan(load_config(REPO / "configs/smoke.yaml", [*over, "mesh.data=2"]), devices=jax.devices()[:2])
+    one = plan(load_config(REPO / "configs/smoke.yaml", [*over, "mesh.data=1"]), devices=jax.devices()[:1])
+    assert two["config"]["layers"] == {"target": "accelerator", "stack": "scanned", "remat_policy": None}
+    assert two["config"]["layout_note"] == ("layer stack planned as on an accelerator (scanned); on a CPU it is "
+                                            "unrolled")
+    assert two["config"]["layout_note"] in format_table(two) and two["config"]["remat_note"] is None
+    assert one["config"]["layers"] == {"target": "cpu", "stack": "unrolled", "remat_policy": None}
+    assert one["config"]["layout_note"] is None and "layer stack" not in format_table(one)
+    assert two["temp_by_phase"]["step"] != one["temp_by_phase"]["step"]
+
+
+def test_layout_backend_builds_the_targets_program_and_its_own_cache_entry():
+    """LMConfigs built inside ``layout_backend`` resolve as on that backend whatever traces them: the same jitted
+    function lowers a while loop over the layers for the accelerator's config and none for the CPU's."""
+    from flax import nnx
+
+    from jaxppo.models import CausalLM, LMConfig
+    from jaxppo.models.config import layout_backend, resolve_layers
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                 compute_dtype="bfloat16")
+    with layout_backend("accelerator"):
+        acc = LMConfig(**shape)
+    cpu = LMConfig(**shape)
+    assert (acc.backend, cpu.backend) == ("accelerator", None)
+    assert (acc.unroll_layers, cpu.unroll_layers) == (False, True) == (resolve_layers(acc, "gpu")[0],
+                                                                       resolve_layers(cpu, "cpu")[0])
+    f = jax.jit(lambda gd, st, i: nnx.merge(gd, st)(i, jax.numpy.ones_like(i)), static_argnums=0)
+    ids = jax.ShapeDtypeStruct((1, 4), np.int32)
+    texts = {}
+    for name, c in (("acc", acc), ("cpu", cpu)):
+        gd, st = nnx.split(nnx.eval_shape(lambda c=c: CausalLM(c, rngs=nnx.Rngs(0))))
+        texts[name] = f.lower(gd, st, ids).as_text()
+    assert "while" in texts["acc"] and "while" not in texts["cpu"]
 
 
 def test_gpu_example_fits_80gb_with_optimizer_at_its_eighth(qwen_dir):

@@ -336,6 +336,8 @@ class MeshConfig:
     tensor: int = field(1, ge=1)
     # logical axis name -> mesh axis (or list of mesh axes); null = replicated
     rules: dict[str, str | tuple[str, ...] | None] = field(default_factory=dict)
+    # memory per device (GiB) the layout is made for: jaxppo.plan's budget (--hbm-gib) when set; not used by runs
+    hbm_gib: float | None = field(None, gt=0.0)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ It converts to and from a Hugging Face ``config.json`` dict. Both rope layouts a
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -24,6 +26,47 @@ DTYPES = ("float32", "bfloat16", "float16")
 REMAT_MODES = ("dots", "auto")  # LMConfig.remat's string values (besides true / false)
 LOW_PRECISION = ("bfloat16", "float16")  # the 16-bit compute dtypes (unrolled on the CPU, LMConfig.unroll_layers)
 AUTO_UNROLL_MAX_LAYERS = 8  # scan_layers="auto" unrolls up to this depth on CPU (compile time grows with depth)
+
+
+_LAYOUT_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar("layout_backend", default=None)
+
+
+@contextlib.contextmanager
+def layout_backend(backend: str | None):
+    """Inside the block, every ``LMConfig`` constructed without a ``backend`` gets ``backend``: its layer stack and
+    remat resolve (``resolve_layers``) as on that backend, whatever backend traces it. None: no change. ``jaxppo.plan``
+    builds its programs for accelerators this way on simulated CPU devices."""
+    token = _LAYOUT_BACKEND.set(backend)
+    try:
+        yield
+    finally:
+        _LAYOUT_BACKEND.reset(token)
+
+
+def resolve_layers(cfg: "LMConfig", backend: str) -> tuple[bool, str | None]:
+    """``(unroll, remat_policy)`` of ``cfg``'s layer stack on ``backend`` ("cpu"; any other name is an accelerator:
+    "gpu", "tpu"): the one rule behind ``LMConfig.unroll_layers`` and ``LMConfig.remat_policy`` (their docstrings
+    give the measurements).
+
+    ``unroll``: ``not scan_layers``; for "auto", True on the CPU when the model has at most
+    ``AUTO_UNROLL_MAX_LAYERS`` layers or 16-bit compute (any depth), False on an accelerator.
+    ``remat_policy``: None (``remat=False``), "full" (``True``), "dots" (``"dots"``); for "auto", "dots" on the CPU
+    for a scanned float32 stack, None everywhere else."""
+    cpu = backend == "cpu"
+    low = cfg.compute_dtype in LOW_PRECISION
+    if cfg.scan_layers == "auto":
+        unroll = cpu and (cfg.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS or low)
+    else:
+        unroll = not cfg.scan_layers
+    if cfg.remat is True:
+        policy = "full"
+    elif cfg.remat is False:
+        policy = None
+    elif cfg.remat == "dots":
+        policy = "dots"
+    else:
+        policy = "dots" if cpu and not unroll and not low else None
+    return unroll, policy
 
 
 def default_scan_layers(compute_dtype: str) -> bool | str:
@@ -64,6 +107,9 @@ class LMConfig:
     ``scan_layers``: True applies the layer stack with ``lax.scan`` (compile time independent of depth),
     False unrolls it (one program per layer: no per-iteration weight copies or stacked activation buffers,
     per-layer KV buffers in decoding; compile time grows with depth), "auto" (default) = ``unroll_layers``.
+    ``backend``: the backend whose rules ``unroll_layers`` and ``remat_policy`` apply (``resolve_layers``); None
+    (default): ``jax.default_backend()`` at trace time; constructed inside ``layout_backend(b)``: ``b``. A field, so
+    programs traced for another backend's layout are separate entries of jit's cache.
     """
 
     vocab_size: int
@@ -91,9 +137,12 @@ class LMConfig:
     scan_layers: bool | str = "auto"
     initializer_range: float = 0.02
     lora: Any = None   # a jaxppo.models.lora.LoraSpec: LoRA adapters on a frozen base (None: full weights)
+    backend: str | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        if self.backend is None:
+            set_("backend", _LAYOUT_BACKEND.get())
         if self.lora is not None:
             from jaxppo.models.lora import LoraSpec
             if not isinstance(self.lora, LoraSpec):
@@ -155,9 +204,9 @@ class LMConfig:
 
     @property
     def unroll_layers(self) -> bool:
-        """Whether the layer stack is unrolled: ``not scan_layers``; for "auto", True when the default JAX
-        backend is the CPU (read at trace time) and either the model has at most ``AUTO_UNROLL_MAX_LAYERS`` layers
-        or its compute dtype is 16-bit (any depth).
+        """Whether the layer stack is unrolled: ``not scan_layers``; for "auto", True when the layout's backend
+        (``backend``; None: the default JAX backend, read at trace time) is the CPU and either the model has at most
+        ``AUTO_UNROLL_MAX_LAYERS`` layers or its compute dtype is 16-bit (any depth).
 
         16-bit compute on the CPU: XLA:CPU (jax 0.10.2) has no bfloat16 ``dynamic-update-slice``, so inside a
         scanned stack every 16-bit residual the backward needs (activations, the layer's cast weights), and every
@@ -173,36 +222,29 @@ class LMConfig:
         30-layer programs compile ~10-15 s longer each (37 s vs 27 s, 40 s vs 25 s); at 4 layers compile times
         are equal. So deep models keep the scan (a short run compiles several programs), shallow ones unroll.
         """
-        if self.scan_layers == "auto":
-            import jax
-            if jax.default_backend() != "cpu":
-                return False
-            return self.num_hidden_layers <= AUTO_UNROLL_MAX_LAYERS or self.compute_dtype in LOW_PRECISION
-        return not self.scan_layers
+        return resolve_layers(self, self._backend())[0]
 
     @property
     def remat_policy(self) -> str | None:
-        """What the backward pass recomputes per layer (read at trace time): None (nothing: every activation the
-        backward needs is saved), "full" (``remat=True``: only each layer's input is saved, the whole layer is
-        recomputed) or "dots" (``remat="dots"``: the outputs of the matrix products are saved, the elementwise ops
-        between them (RMSNorm, RoPE, masking, softmax, SiLU) are recomputed; ``jax.checkpoint_policies.dots_saveable``).
+        """What the backward pass recomputes per layer on the layout's backend (``backend``; None: the default JAX
+        backend, read at trace time): None (nothing: every activation the backward needs is saved), "full"
+        (``remat=True``: only each layer's input is saved, the whole layer is recomputed) or "dots" (``remat="dots"``:
+        the outputs of the matrix products are saved, the elementwise ops between them (RMSNorm, RoPE, masking,
+        softmax, SiLU) are recomputed; ``jax.checkpoint_policies.dots_saveable``).
 
-        "auto" is "dots" where it was measured faster: the CPU, a scanned stack (``unroll_layers`` False) and
+        "auto" is "dots" where it was measured faster: the CPU backend, a scanned stack (``unroll_layers`` False) and
         float32 compute. There, XLA:CPU allocates every update's buffers afresh, each first touch of a 4 KiB page
         is a page fault, and saving only the products halves the memory an update touches: the SmolLM2-135M-shaped
         fwd+bwd at 8x128 took less time and a third less peak memory (``benchmarks/README.md``, "Ninth run").
         Unrolled 16-bit stacks got slower with it, and accelerators were not measured: None there.
         """
-        if self.remat is True:
-            return "full"
-        if self.remat is False:
-            return None
-        if self.remat == "dots":
-            return "dots"
+        return resolve_layers(self, self._backend())[1]
+
+    def _backend(self) -> str:
+        if self.backend is not None:
+            return self.backend
         import jax
-        if jax.default_backend() == "cpu" and not self.unroll_layers and self.compute_dtype not in LOW_PRECISION:
-            return "dots"
-        return None
+        return jax.default_backend()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
