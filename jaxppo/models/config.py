@@ -94,6 +94,24 @@ def _freeze(x: Any) -> Any:
     return x
 
 
+def _checked_rope_scaling(rs: Any) -> Any:
+    """The frozen ``rope_scaling`` mapping with ``rope_type`` (HF's older ``type`` accepted) and the fields that type
+    needs; None for "default"."""
+    d = dict(rs)
+    rtype = d.get("rope_type", d.get("type", "default"))
+    if rtype not in ROPE_TYPES:
+        raise ValueError(f"LMConfig.rope_scaling: rope_type {rtype!r} is not supported; supported: {ROPE_TYPES}")
+    d.pop("type", None)
+    d["rope_type"] = rtype
+    need = {"linear": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+            "default": ()}[rtype]
+    for key in need:
+        if key not in d:
+            raise ValueError(f"LMConfig.rope_scaling: rope_type {rtype!r} needs field {key!r}, got {sorted(d)}")
+    return None if rtype == "default" else _freeze(d)
+
+
 @dataclass(frozen=True)
 class LMConfig:
     """Shape and numerics of a decoder-only transformer.
@@ -140,58 +158,67 @@ class LMConfig:
     backend: str | None = None
 
     def __post_init__(self):
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        """Validate and normalise the fields, one small step each (every step raises ``ValueError`` naming the
+        field): the layout backend, adapters, architecture, sizes, heads, dtypes, eos ids, rope scaling and the
+        layer-stack options."""
         if self.backend is None:
-            set_("backend", _LAYOUT_BACKEND.get())
+            self._set("backend", _LAYOUT_BACKEND.get())
+        self._check_lora()
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"LMConfig.architecture={self.architecture!r} is not supported; "
+                             f"supported: {sorted(ARCHITECTURES)}")
+        self._check_sizes()
+        self._resolve_heads()
+        self._resolve_dtypes()
+        if isinstance(self.eos_token_id, (list, tuple)):
+            self._set("eos_token_id", tuple(int(e) for e in self.eos_token_id))
+        if self.rope_scaling is not None:
+            self._set("rope_scaling", _checked_rope_scaling(self.rope_scaling))
+        self._check_stack_options()
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def _check_lora(self) -> None:
         if self.lora is not None:
             from jaxppo.models.lora import LoraSpec
             if not isinstance(self.lora, LoraSpec):
                 raise ValueError(f"LMConfig.lora must be a LoraSpec or None, got {type(self.lora).__name__}")
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"LMConfig.architecture={self.architecture!r} is not supported; "
-                             f"supported: {sorted(ARCHITECTURES)}")
+
+    def _check_sizes(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"LMConfig.{name} must be a positive integer, got {v!r}")
+
+    def _resolve_heads(self) -> None:
+        """``num_key_value_heads`` defaults to ``num_attention_heads``, ``head_dim`` to ``hidden / heads``; the heads
+        must group evenly and ``head_dim`` be even (rotary embeddings rotate pairs)."""
         if self.num_key_value_heads is None:
-            set_("num_key_value_heads", self.num_attention_heads)
+            self._set("num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError(f"LMConfig: hidden_size={self.hidden_size} is not divisible by "
                                  f"num_attention_heads={self.num_attention_heads}; set head_dim")
-            set_("head_dim", self.hidden_size // self.num_attention_heads)
+            self._set("head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"LMConfig: num_attention_heads={self.num_attention_heads} must be a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
             raise ValueError(f"LMConfig.head_dim={self.head_dim} must be even for rotary embeddings")
+
+    def _resolve_dtypes(self) -> None:
         for name in ("param_dtype", "compute_dtype"):
-            v = np.dtype(getattr(self, name)).name if not isinstance(getattr(self, name), str) else getattr(self, name)
+            raw = getattr(self, name)
+            v = raw if isinstance(raw, str) else np.dtype(raw).name
             if v not in DTYPES:
-                raise ValueError(f"LMConfig.{name}={getattr(self, name)!r}; expected one of {DTYPES}")
-            set_(name, v)
-        if isinstance(self.eos_token_id, (list, tuple)):
-            set_("eos_token_id", tuple(int(e) for e in self.eos_token_id))
-        rs = self.rope_scaling
-        if rs is not None:
-            d = dict(rs) if not isinstance(rs, Mapping) else dict(rs)
-            rtype = d.get("rope_type", d.get("type", "default"))
-            if rtype not in ROPE_TYPES:
-                raise ValueError(f"LMConfig.rope_scaling: rope_type {rtype!r} is not supported; "
-                                 f"supported: {ROPE_TYPES}")
-            d.pop("type", None)
-            d["rope_type"] = rtype
-            need = {"linear": ("factor",),
-                    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-                    "default": ()}[rtype]
-            for k in need:
-                if k not in d:
-                    raise ValueError(f"LMConfig.rope_scaling: rope_type {rtype!r} needs field {k!r}, got {sorted(d)}")
-            set_("rope_scaling", None if rtype == "default" else _freeze(d))
-        if self.scan_layers not in (True, False, "auto") or isinstance(self.scan_layers, (int, float)) and not \
-                isinstance(self.scan_layers, bool):
-            raise ValueError(f"LMConfig.scan_layers must be true, false or 'auto', got {self.scan_layers!r}")
+                raise ValueError(f"LMConfig.{name}={raw!r}; expected one of {DTYPES}")
+            self._set(name, v)
+
+    def _check_stack_options(self) -> None:
+        s = self.scan_layers
+        if s not in (True, False, "auto") or isinstance(s, (int, float)) and not isinstance(s, bool):
+            raise ValueError(f"LMConfig.scan_layers must be true, false or 'auto', got {s!r}")
         if not (isinstance(self.remat, bool) or self.remat in REMAT_MODES):
             raise ValueError(f"LMConfig.remat must be true, false, 'dots' or 'auto', got {self.remat!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
