@@ -15,7 +15,9 @@ Truncation policy ``data.truncation`` for a text longer than its budget:
 - ``"skip"``: rows that do not fit are dropped (``prompt_too_long`` / ``response_too_long``);
 - ``"error"``: the first row that does not fit raises :class:`DataError`.
 
-Every truncation is counted in the :class:`DataReport` (``truncated`` and ``tokens_dropped``).
+Every truncation is counted in the :class:`DataReport` (``truncated`` and ``tokens_dropped``, out of ``fitted``);
+a field truncated in more than ``report.TRUNCATION_WARN_SHARE`` of its rows gets a warning naming the key to
+raise (:meth:`DataReport.warnings`).
 
 Conversational rows (prompt and responses as chat messages) are rendered by the tokenizer's chat
 template first (:func:`jaxppo.data.conversation.render`: prompt with the generation prompt, response
@@ -221,6 +223,8 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
             _handle(s, r.index, "skip" if s.reason not in ("prompt_too_long", "response_too_long") else truncation,
                     report)
             continue
+        report.fit("prompt", f"data.max_prompt_length={max_prompt_length}")
+        report.fit("response", f"data.max_response_length={max_response_length}")
         if cut_p:
             report.truncate("prompt", cut_p)
         if cut_y:
@@ -254,8 +258,9 @@ def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_
     Returns ``prompt_ids``/``prompt_mask`` [N, P] (left padded, shared by both answers),
     ``chosen_ids``/``chosen_mask`` and ``rejected_ids``/``rejected_mask`` [N, R] (right padded),
     ``index`` [N] int32 (source row). An empty response is allowed (the reward is then read at the
-    last prompt token); pairs whose two answers become identical after truncation are skipped as
-    ``identical_pair``.
+    last prompt token). Pairs whose two answers tokenize to the same tokens are skipped as ``identical_pair``;
+    pairs whose answers differ only after their first ``R`` tokens as ``identical_after_truncation`` (the model
+    would see one answer twice).
     """
     report = report if report is not None else DataReport()
     p_tok, (c_tok, r_tok), failures = encode_rows(tokenizer, [x.prompt for x in pairs],
@@ -272,12 +277,17 @@ def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_
             c2, cut_c = fit_response(c, max_response_length, truncation)
             r2, cut_r = fit_response(r, max_response_length, truncation)
             if c2 == r2:
-                raise _Skip("identical_pair", f"chosen and rejected are identical in their first "
-                                              f"{max_response_length} tokens")
+                if c != r:
+                    raise _Skip("identical_after_truncation",
+                                f"chosen and rejected differ only after their first {max_response_length} tokens "
+                                f"(data.max_response_length={max_response_length}; raise it to keep the pair)")
+                raise _Skip("identical_pair", "chosen and rejected tokenize to the same tokens")
         except _Skip as s:
             _handle(s, pair.index, truncation if s.reason.endswith("_too_long") else "skip", report)
             continue
         for what, n in (("prompt", cut_p), ("chosen", cut_c), ("rejected", cut_r)):
+            report.fit(what, f"data.max_prompt_length={max_prompt_length}" if what == "prompt"
+                       else f"data.max_response_length={max_response_length}")
             if n:
                 report.truncate(what, n)
         kept.append(pair)

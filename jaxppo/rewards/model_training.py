@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxppo.data.pipeline import load_rows, prompt_groups, split_by_group, tokenize_rows
+from jaxppo.data.pipeline import load_preference_arrays, split_by_group
 from jaxppo.data.report import DataReport
 from jaxppo.parallel.host import host_scalar, is_main_process
 from jaxppo.rewards.model_io import save_reward_model
@@ -175,10 +175,8 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     model_path = resolve_path(cfg.model.path)
     tok_path = resolve_path(cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
     tokenizer = load_tokenizer(tok_path)
-    loaded = load_rows(cfg.data)
-    arrays = tokenize_rows(loaded, tokenizer, cfg.data)
-    report = loaded.report
-    groups = prompt_groups(loaded, arrays)
+    got = load_preference_arrays(cfg.data, tokenizer, model_path)   # the filters of dpo and to-scored
+    arrays, report, groups = got.arrays, got.report, got.prompt_group
     train_rows, eval_rows = split_by_group(groups.tolist(), cfg.data.eval_fraction, cfg.data.seed)  # as DPO
     if len(train_rows) == 0:
         raise ValueError("no training pairs left after the by-prompt split; lower data.eval_fraction")

@@ -103,11 +103,11 @@ def check_dpo_config(cfg: Any, n_devices: int) -> None:
 
 def load_pairs(cfg: Any, tokenizer: Any) -> tuple[dict[str, np.ndarray], np.ndarray, Any]:
     """``(arrays, prompt_group [N] int32, report)``: tokenized pairs and a dense id of each pair's prompt text."""
-    from jaxppo.data import load_rows, prompt_groups, tokenize_rows
+    from jaxppo.data.pipeline import load_preference_arrays
+    from jaxppo.hf.paths import resolve_model_path
 
-    loaded = load_rows(cfg.data)
-    arrays = tokenize_rows(loaded, tokenizer, cfg.data)
-    return arrays, prompt_groups(loaded, arrays), loaded.report
+    got = load_preference_arrays(cfg.data, tokenizer, resolve_model_path(cfg.model.path))
+    return got.arrays, got.prompt_group, got.report
 
 
 def split_pairs(group: np.ndarray, data_cfg: Any) -> tuple[np.ndarray, np.ndarray]:
