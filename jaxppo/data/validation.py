@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from jaxppo.data import hh
 from jaxppo.data.conversation import Text, as_response, check_prompt, check_str, parse_messages, split_implicit
 from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
-from jaxppo.data.schemas import PreferencePair, ScoredTrajectory, check_columns, map_columns
+from jaxppo.data.schemas import (PREFERENCE_FIELDS, SCORED_FIELDS, PreferencePair, ScoredTrajectory, check_columns,
+                                 map_columns)
 
 LOGPROB_TOLERANCE = 1e-5  # log-probs may exceed 0 by float rounding, not more
 
@@ -108,6 +109,34 @@ def check_group_id(value: Any) -> int | str | None:
     return int(value) if isinstance(value, numbers.Integral) else value
 
 
+def require_fields(raw: Mapping[str, Any], rec: Mapping[str, Any], required: Sequence[Sequence[str]],
+                   columns: Mapping[str, str], known: Sequence[str]) -> None:
+    """``missing_field`` for the first required field (or group of alternatives, e.g. ``response``/``completion``)
+    that is absent from the column-mapped row ``rec``: the message lists the columns the row has and suggests
+    ``data.columns.<field>=<column>`` with the row's columns that are no field of the schema (a null value is left
+    to the field's own check). A scored row that holds ``chosen``/``rejected`` instead of a response is a preference
+    pair: the message points to ``python -m jaxppo.reward to-scored``."""
+    for names in required:
+        if any(n in rec for n in names):
+            continue
+        name = names[0]
+        alt = f" (or {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""
+        found = ", ".join(map(str, raw)) or "none"
+        if name in ("response", "completion") and "chosen" in rec and "rejected" in rec:
+            raise _Bad("missing_field", f"{name!r}{alt} is missing: the row has 'chosen' and 'rejected', a preference "
+                                        "pair; turn pairs into scored rows with `python -m jaxppo.reward to-scored` "
+                                        "(or train on them with `python -m jaxppo.dpo`, data.schema=preference)")
+        spare = [c for c in raw if isinstance(c, str) and c not in known and c not in columns.values()]
+        hint = (f"set data.columns.{name}={spare[0]}" if len(spare) == 1 else
+                f"set data.columns.{name}=<column> (one of {', '.join(spare)}?)" if spare else
+                f"set data.columns.{name}=<column>")
+        raise _Bad("missing_field", f"{name!r}{alt} is missing (the row's columns: {found}); if the data names it "
+                                    f"otherwise, {hint}")
+
+
+SCORED_REQUIRED = (("prompt",), ("response", "completion"), ("score", "label"))
+
+
 def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
                     max_text_chars: int = 100_000, report: DataReport | None = None) -> list[ScoredTrajectory]:
     """Usable scored trajectories of ``records``; every other row is counted in ``report``."""
@@ -119,6 +148,7 @@ def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[st
         report.rows_seen += 1
         rec = map_columns(raw, columns)
         try:
+            require_fields(raw, rec, SCORED_REQUIRED, columns, SCORED_FIELDS)
             # a text may be empty when its token ids are given (e.g. a sampled response that is only EOS)
             prompt = check_text_or_messages(rec.get("prompt"), "prompt", max_text_chars,
                                             allow_empty=rec.get("prompt_ids") is not None)
@@ -180,6 +210,21 @@ def looks_like(rec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def auto_format(rec: Mapping[str, Any]) -> str:
+    """The reading of ``data.preference_format=auto`` for a (column-mapped) row: ``"explicit"`` when it has a
+    ``prompt``; ``"hh"`` when ``chosen`` or ``rejected`` is an HH-RLHF dialogue (holds ``"\\n\\nAssistant:"``) or a
+    list of chat messages (TRL's implicit-prompt conversational form); ``"explicit"`` otherwise (plain answers), so
+    that a row whose prompt column is only misnamed is reported as a missing ``prompt`` (with the columns it has), not as a broken dialogue."""
+    if rec.get("prompt") is not None:
+        return "explicit"
+    for t in (rec.get("chosen"), rec.get("rejected")):
+        if isinstance(t, str) and hh.ASSISTANT in t:
+            return "hh"
+        if isinstance(t, (list, tuple, np.ndarray)):
+            return "hh"
+    return "explicit"
+
+
 _FORMAT_NAMES = {"explicit": "explicit prompt/chosen/rejected rows (TRL's explicit-prompt form)",
                  "hh": "implicit-prompt rows (HH-RLHF dialogues or whole conversations in chosen/rejected)"}
 
@@ -192,8 +237,10 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
     ``preference_format``: ``"explicit"`` rows have ``prompt``/``chosen``/``rejected`` (responses);
     ``"hh"`` (implicit prompt) rows have only ``chosen``/``rejected``: HH-RLHF dialogue strings split by
     :func:`hh.split_pair`, or two conversations split by
-    :func:`~jaxppo.data.conversation.split_implicit`; ``"auto"`` uses explicit rows when the (mapped)
-    row has a ``prompt`` key, implicit otherwise. Any text field may be a string or a list of chat
+    :func:`~jaxppo.data.conversation.split_implicit`; ``"auto"`` reads each row as :func:`auto_format` says
+    (implicit only when the answers are dialogues or multi-message conversations). A missing column is
+    ``missing_field`` with the row's columns and the ``data.columns.<field>=<column>`` to set
+    (:func:`require_fields`). Any text field may be a string or a list of chat
     messages (see :mod:`jaxppo.data.conversation`).
     """
     columns = dict(columns or {})
@@ -203,10 +250,10 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
     for i, raw in enumerate(records):
         report.rows_seen += 1
         rec = map_columns(raw, columns)
-        fmt = preference_format
-        if fmt == "auto":
-            fmt = "explicit" if rec.get("prompt") is not None else "hh"
+        fmt = auto_format(rec) if preference_format == "auto" else preference_format
         try:
+            require_fields(raw, rec, (("chosen",), ("rejected",)) + ((("prompt",),) if fmt == "explicit" else ()),
+                           columns, PREFERENCE_FIELDS)
             chosen = check_text_or_messages(rec.get("chosen"), "chosen", max_text_chars)
             rejected = check_text_or_messages(rec.get("rejected"), "rejected", max_text_chars)
             if fmt == "explicit":
