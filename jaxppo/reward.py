@@ -53,16 +53,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      argv, commands=("train", "score", "to-scored"))
 
     def work() -> None:
+        if command == "score" or (command == "to-scored" and cfg.reward.model_path):
+            from jaxppo.rewards.model_io import check_reward_model_dir
+
+            check_reward_model_dir(cfg.reward.model_path)   # before any model or data is loaded
         setup_logging(cfg.trainer.output_dir, f"reward_{command}.log")
         if command == "train":
             from jaxppo.rewards.model_training import train_reward_model
 
             m = train_reward_model(cfg, out_dir=cfg.trainer.output_dir, progress=cfg.trainer.progress,
                                    resolve_path=resolve_model_path).metrics
-            print(f"eval/accuracy {m['eval/accuracy']:.4f} on {m['n_eval_pairs']} held-out pairs "
-                  f"({m['n_eval_prompts']} prompts; before training {m['eval/accuracy_init']:.4f}, "
-                  f"shorter-answer baseline {m['eval/length_baseline_accuracy']:.4f}); "
+            if not cfg.trainer.progress:   # with progress the report was printed before training
+                print(data_summary(m["data_report"]))
+            lo, hi = m["eval/accuracy_ci95"]
+            print(f"eval/accuracy {m['eval/accuracy']:.4f} [95% interval over prompts {lo:.4f}, {hi:.4f}] on "
+                  f"{m['n_eval_pairs']} held-out pairs ({m['n_eval_prompts']} prompts; before training "
+                  f"{m['eval/accuracy_init']:.4f}; pick-the-shorter-answer {m['eval/length_baseline_accuracy']:.4f}, "
+                  f"pick-the-longer-answer {m['eval/longer_baseline_accuracy']:.4f}); "
                   f"train {m['time/train_s']:.1f}s; wrote {Path(cfg.trainer.output_dir) / 'metrics.json'}")
+            for w in m["warnings"]:
+                print(w)
         elif command == "to-scored":
             m = preference_to_scored(cfg)
             print(data_summary(m["data_report"]))

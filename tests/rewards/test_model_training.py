@@ -178,6 +178,12 @@ def test_training_learns_an_easy_signal_and_writes_metrics(trained):
     for reason in ("identical_pair", "missing_field", "not_a_string"):
         assert m[f"data/skipped/{reason}"] == 1
     assert m["history"][-1]["eval/accuracy"] == m["eval/accuracy"]
+    lo, hi = m["eval/accuracy_ci95"]
+    assert 0.0 <= lo <= m["eval/accuracy"] <= hi <= 1.0
+    assert m["eval/length_baseline_accuracy"] + m["eval/longer_baseline_accuracy"] == pytest.approx(1.0)
+    assert m["n_eval_prompts"] == 24 and m["warnings"] == [   # 24 < MIN_EVAL_PROMPTS = 30
+        "warning: the held-out accuracy comes from 24 pairs of 24 prompts (< 30): a small sample, read its interval; "
+        "more prompts with a larger data.eval_fraction or more data"]
     assert m["train/loss"] < math.log(2)
 
 
@@ -235,6 +241,21 @@ def test_cli_score_on_preference_and_scored_data(trained, tmp_path, capsys):
     m = json.loads((tmp_path / "s2" / "score_metrics.json").read_text())
     assert m["n_rows"] == 4 and m["data/skipped/empty_text"] == 1
     assert m["pearson_with_score"] > 0.5
+
+
+def test_cli_train_prints_the_report_the_interval_both_baselines_and_the_warning(trained, tmp_path, capsys):
+    from jaxppo.reward import main
+
+    cfg_file, _, _ = trained
+    assert main(["train", "--config", str(cfg_file), "reward.epochs=1", f"trainer.output_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    lo, hi = m["eval/accuracy_ci95"]
+    assert "kept 96 of 99 rows, skipped 3" in out
+    assert f"eval/accuracy {m['eval/accuracy']:.4f} [95% interval over prompts {lo:.4f}, {hi:.4f}] on 24" in out
+    assert (f"pick-the-shorter-answer {m['eval/length_baseline_accuracy']:.4f}, "
+            f"pick-the-longer-answer {m['eval/longer_baseline_accuracy']:.4f}") in out
+    assert "warning: the held-out accuracy comes from 24 pairs of 24 prompts (< 30)" in out
 
 
 def test_cli_errors_are_clear(trained, tmp_path, capsys):
