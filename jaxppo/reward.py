@@ -76,9 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif command == "to-scored":
             m = preference_to_scored(cfg)
             print(data_summary(m["data_report"]))
-            how = (f"reward-model scores ({cfg.reward.model_path}; pair accuracy {m['accuracy']:.4f})"
-                   if m["score_source"] == "reward_model"
-                   else "win-rate scores (wins / pairs; no reward.model_path)")
+            how = {"reward_model": f"reward-model scores ({cfg.reward.model_path}; pair accuracy "
+                                   f"{m.get('accuracy', float('nan')):.4f})",
+                   "rating": "the rows' ratings as scores (no reward.model_path)",
+                   "win_rate": "win-rate scores (wins / pairs; no reward.model_path)"}[m["score_source"]]
             print(f"wrote {m['n_rows']} scored rows (each distinct answer once; {m['n_prompts']} prompt groups) "
                   f"from {m['n_pairs']} pairs with {how} to {m['output']}; no behaviour log-probs: training takes "
                   "them from the reference policy")

@@ -253,7 +253,9 @@ class DataConfig:
     cache_dir: str | None = None  # behaviour/reference log-prob cache (default: $JAXPPO_CACHE_DIR or ~/.cache/jaxppo)
     seed: int = 0
     # preference rows: "explicit" prompt/chosen/rejected, "hh" HH-RLHF dialogues, "auto" = explicit if a prompt column
-    preference_format: Literal["auto", "explicit", "hh"] = "auto"
+    # "ranking": k answers per prompt with ratings or pairwise comparisons (jaxppo.data.rankings); auto detects it
+    preference_format: Literal["auto", "explicit", "hh", "ranking"] = "auto"
+    ties: Literal["drop", "keep"] = "drop"  # ranking ties: left out, or kept as both orders a > b and b > a
     max_text_chars: int = field(100_000, ge=1)  # longer text fields are skipped (text_too_long)
     chat_template: bool = False  # render text prompts with the tokenizer's chat template
     # a Jinja chat template that replaces the tokenizer's (for chat-message data and chat_template=true)

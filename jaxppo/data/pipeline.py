@@ -30,7 +30,7 @@ def rows_from_records(records: list[dict[str, Any]], cfg: DataConfig, report: Da
     report = report if report is not None else DataReport(source=str(cfg.path or "<memory>"))
     if cfg.schema == "preference":
         rows = validate_preference(records, columns=cfg.columns, max_text_chars=cfg.max_text_chars,
-                                   report=report, preference_format=cfg.preference_format)
+                                   report=report, preference_format=cfg.preference_format, ties=cfg.ties)
     else:
         rows = validate_scored(records, columns=cfg.columns, max_text_chars=cfg.max_text_chars, report=report)
     require_rows(rows, report)

@@ -283,7 +283,7 @@ def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_
                                 f"(data.max_response_length={max_response_length}; raise it to keep the pair)")
                 raise _Skip("identical_pair", "chosen and rejected tokenize to the same tokens")
         except _Skip as s:
-            _handle(s, pair.index, truncation if s.reason.endswith("_too_long") else "skip", report)
+            _handle(s, pair.row, truncation if s.reason.endswith("_too_long") else "skip", report)
             continue
         for what, n in (("prompt", cut_p), ("chosen", cut_c), ("rejected", cut_r)):
             report.fit(what, f"data.max_prompt_length={max_prompt_length}" if what == "prompt"

@@ -16,8 +16,9 @@ import numpy as np
 from jaxppo.data import hh
 from jaxppo.data.conversation import Text, as_response, check_prompt, check_str, parse_messages, split_implicit
 from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
-from jaxppo.data.schemas import (PREFERENCE_FIELDS, SCORED_FIELDS, PreferencePair, ScoredTrajectory, check_columns,
-                                 map_columns)
+from jaxppo.data.rankings import ranking_pairs
+from jaxppo.data.schemas import (PREFERENCE_FIELDS, RANKING_FIELDS, SCORED_FIELDS, PreferencePair, ScoredTrajectory,
+                                 check_columns, map_columns)
 
 LOGPROB_TOLERANCE = 1e-5  # log-probs may exceed 0 by float rounding, not more
 
@@ -190,7 +191,7 @@ def _conversational(prompt: Text, response: Text, name: str) -> tuple[Text, Text
     return check_prompt(prompt), as_response(response, name)
 
 
-PreferenceFormat = Literal["auto", "explicit", "hh"]
+PreferenceFormat = Literal["auto", "explicit", "hh", "ranking"]
 
 
 def looks_like(rec: Mapping[str, Any]) -> str | None:
@@ -211,10 +212,14 @@ def looks_like(rec: Mapping[str, Any]) -> str | None:
 
 
 def auto_format(rec: Mapping[str, Any]) -> str:
-    """The reading of ``data.preference_format=auto`` for a (column-mapped) row: ``"explicit"`` when it has a
-    ``prompt``; ``"hh"`` when ``chosen`` or ``rejected`` is an HH-RLHF dialogue (holds ``"\\n\\nAssistant:"``) or a
-    list of chat messages (TRL's implicit-prompt conversational form); ``"explicit"`` otherwise (plain answers), so
-    that a row whose prompt column is only misnamed is reported as a missing ``prompt`` (with the columns it has), not as a broken dialogue."""
+    """The reading of ``data.preference_format=auto`` for a (column-mapped) row: ``"ranking"`` when it has
+    ``completions`` and no ``chosen`` (:mod:`jaxppo.data.rankings`); ``"explicit"`` when it has a ``prompt``;
+    ``"hh"`` when ``chosen`` or ``rejected`` is an HH-RLHF dialogue (holds ``"\\n\\nAssistant:"``) or a list of
+    chat messages (TRL's implicit-prompt conversational form); ``"explicit"`` otherwise (plain answers), so that a
+    row whose prompt column is only misnamed is reported as a missing ``prompt`` (with the columns it has), not as
+    a broken dialogue."""
+    if rec.get("completions") is not None and rec.get("chosen") is None:
+        return "ranking"
     if rec.get("prompt") is not None:
         return "explicit"
     for t in (rec.get("chosen"), rec.get("rejected")):
@@ -231,7 +236,7 @@ _FORMAT_NAMES = {"explicit": "explicit prompt/chosen/rejected rows (TRL's explic
 
 def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
                         max_text_chars: int = 100_000, report: DataReport | None = None,
-                        preference_format: PreferenceFormat = "auto") -> list[PreferencePair]:
+                        preference_format: PreferenceFormat = "auto", ties: str = "drop") -> list[PreferencePair]:
     """Usable preference pairs of ``records``; every other row is counted in ``report``.
 
     ``preference_format``: ``"explicit"`` rows have ``prompt``/``chosen``/``rejected`` (responses);
@@ -246,11 +251,24 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
     columns = dict(columns or {})
     check_columns(columns, "preference")
     report = report if report is not None else DataReport()
-    out = []
+    out: list[PreferencePair] = []
+    n_rank_rows = 0
     for i, raw in enumerate(records):
         report.rows_seen += 1
         rec = map_columns(raw, columns)
         fmt = auto_format(rec) if preference_format == "auto" else preference_format
+        if fmt == "ranking":
+            try:
+                require_fields(raw, rec, (("prompt",), ("completions",)), columns, PREFERENCE_FIELDS + RANKING_FIELDS)
+                made = ranking_pairs(rec, i, len(out), columns=columns, max_text_chars=max_text_chars, ties=ties,
+                                     report=report)
+            except _Bad as bad:
+                report.skip(bad.reason, f"row {i}: {bad.message}")
+                continue
+            n_rank_rows += 1
+            report.rows_seen += len(made) - 1
+            out.extend(made)
+            continue
         try:
             require_fields(raw, rec, (("chosen",), ("rejected",)) + ((("prompt",),) if fmt == "explicit" else ()),
                            columns, PREFERENCE_FIELDS)
@@ -281,6 +299,12 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
             report.skip(bad.reason, f"row {i}: {bad.message}")
             continue
         out.append(PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, index=i))
+    if n_rank_rows:
+        n_made = sum(1 for p in out if p.source is not None)
+        if n_made < len(out):
+            raise DataError(f"dataset {report.source or '<memory>'} mixes ranking rows (completions) with "
+                            "chosen/rejected rows: give one format per file (data.preference_format)")
+        report.notes["rankings"] = f"{n_rank_rows} ranking rows -> {n_made} pairs (data.ties={ties})"
     report.rows_kept = len(out)
     return out
 

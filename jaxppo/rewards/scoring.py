@@ -127,21 +127,35 @@ SCORED_FILE = "scored.jsonl"
 
 
 def scored_records(pairs: Sequence[PreferencePair], r_chosen: np.ndarray | None = None,
-                   r_rejected: np.ndarray | None = None) -> list[dict]:
-    """One scored row per distinct ``(prompt, response)`` of ``pairs`` (:class:`~jaxppo.data.answers.AnswerTable`):
-    ``prompt``, ``response``, ``score``, ``group_id`` (per prompt, dense in order of first appearance), ``wins``,
-    ``losses``, ``ties`` and ``source_rows``. With reward-model scores (``r_chosen``/``r_rejected`` [N], one per
-    pair) an answer's score is its reward (the same text always gets the same reward); without them its win rate
-    ``wins / (wins + losses)`` (an answer only ever chosen scores 1, only ever rejected 0)."""
+                   r_rejected: np.ndarray | None = None) -> tuple[list[dict], str]:
+    """``(rows, score source)``: one scored row per distinct ``(prompt, response)`` of ``pairs``
+    (:class:`~jaxppo.data.answers.AnswerTable`) with ``prompt``, ``response``, ``score``, ``group_id`` (per prompt,
+    dense in order of first appearance), ``wins``, ``losses``, ``ties`` and ``source_rows``. The score is, in this
+    order: the reward model's (``r_chosen``/``r_rejected`` [N], one per pair; the same text always gets the same
+    reward) -> ``"reward_model"``; the answers' ratings when every pair carries them (ranking rows with scores) ->
+    ``"rating"``; else the win rate ``(wins + ties / 2) / (wins + losses + ties)`` -> ``"win_rate"`` (an answer only
+    ever chosen scores 1, only ever rejected 0). A kept tie (two pairs, both orders) counts once, as a tie."""
     from jaxppo.data.answers import AnswerTable
 
     table = AnswerTable()
-    given = r_chosen is not None and r_rejected is not None
-    for k, p in enumerate(pairs):
-        table.add_pair(p.prompt, p.chosen, p.rejected, p.index,
-                       score_chosen=float(r_chosen[k]) if given else None,
-                       score_rejected=float(r_rejected[k]) if given else None)
-    return table.records("given" if given else "win_rate")
+    if r_chosen is not None and r_rejected is not None:
+        source = "reward_model"
+        sc, sr = [float(x) for x in r_chosen], [float(x) for x in r_rejected]
+    elif pairs and all(p.chosen_score is not None and p.rejected_score is not None for p in pairs):
+        source = "rating"
+        sc, sr = [p.chosen_score for p in pairs], [p.rejected_score for p in pairs]
+    else:
+        source = "win_rate"
+        sc = sr = [None] * len(pairs)
+    seen_ties = set()
+    for p, a, b in zip(pairs, sc, sr):
+        if p.tie:
+            key = (p.row, frozenset((p.chosen, p.rejected)))
+            if key in seen_ties:
+                continue
+            seen_ties.add(key)
+        table.add_pair(p.prompt, p.chosen, p.rejected, p.row, tie=p.tie, score_chosen=a, score_rejected=b)
+    return table.records("win_rate" if source == "win_rate" else "given"), source
 
 
 def preference_to_scored(cfg: Config) -> dict:
@@ -170,7 +184,7 @@ def preference_to_scored(cfg: Config) -> dict:
     rc = rj = None
     if scorer is not None:
         rows, rc, rj = score_pairs(scorer, rows, report)
-    records = scored_records(rows, rc, rj)
+    records, source = scored_records(rows, rc, rj)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if is_main_process():   # several processes: every one scored the same rows, process 0 writes
@@ -180,7 +194,7 @@ def preference_to_scored(cfg: Config) -> dict:
                 fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
         tmp.replace(out / SCORED_FILE)
     metrics: dict = {"data": cfg.data.path, "output": str(out / SCORED_FILE),
-                     "score_source": "reward_model" if scorer is not None else "win_rate",
+                     "score_source": source,
                      "model_path": cfg.reward.model_path, "n_pairs": len(rows), "n_rows": len(records),
                      "n_prompts": len({r["group_id"] for r in records}),
                      "behaviour_logprobs": "absent: the trainer computes them with the reference policy "
