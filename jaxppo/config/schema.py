@@ -256,6 +256,8 @@ class DataConfig:
     # "ranking": k answers per prompt with ratings or pairwise comparisons (jaxppo.data.rankings); auto detects it
     preference_format: Literal["auto", "explicit", "hh", "ranking"] = "auto"
     ties: Literal["drop", "keep"] = "drop"  # ranking ties: left out, or kept as both orders a > b and b > a
+    # chat-completion logs whose tokens are not ours: keep with reference log-probs, or skip (jaxppo.data.logged)
+    logged_mismatch: Literal["recompute", "skip"] = "recompute"
     max_text_chars: int = field(100_000, ge=1)  # longer text fields are skipped (text_too_long)
     chat_template: bool = False  # render text prompts with the tokenizer's chat template
     # a Jinja chat template that replaces the tokenizer's (for chat-message data and chat_template=true)

@@ -59,17 +59,21 @@ def tokenize_rows(loaded: LoadedRows, tokenizer: Any, cfg: DataConfig) -> dict[s
     if loaded.schema == "preference":
         arrays = tokenize_preference(loaded.rows, tokenizer, **kw)
     else:
-        arrays = tokenize_scored(loaded.rows, tokenizer, **kw)
+        arrays = tokenize_scored(loaded.rows, tokenizer, logged_mismatch=cfg.logged_mismatch, **kw)
     require_rows(list(arrays["index"]), loaded.report)
     return arrays
 
 
 def model_context(model_path: str) -> int | None:
     """The context length (``max_position_embeddings``) of the checkpoint at ``model_path`` (a resolved HF folder
-    or ``.gguf`` file), read from its config only; None when the config does not state it."""
+    or ``.gguf`` file), read from its config only; None when the config does not state it or there is no model
+    config there (the model's own loading then reports that)."""
     from jaxppo.hf.load import open_source
 
-    n = open_source(model_path).config_dict().get("max_position_embeddings")
+    try:
+        n = open_source(model_path).config_dict().get("max_position_embeddings")
+    except (FileNotFoundError, ValueError):
+        return None
     return int(n) if n else None
 
 

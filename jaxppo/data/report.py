@@ -47,6 +47,8 @@ SKIP_REASONS: dict[str, str] = {
     "mixed_text_and_messages": "a row mixes a plain-text prompt with chat-message responses",
     "template_mismatch": "the chat template's rendering of the prompt is not a prefix of its rendering of the "
                          "whole conversation",
+    "mismatched_tokens": "a logged row's tokens are not our tokenizer's tokens of its answer "
+                         "(data.logged_mismatch=skip; recompute keeps the row with reference log-probs)",
     "bad_comparison": "a ranking row's completions or comparisons are malformed (fewer than two answers, an answer "
                       "index out of range, preferred not a/b/tie)",
     "wrong_preference_format": "the row looks like the other data.preference_format (explicit prompt/chosen/"

@@ -62,6 +62,9 @@ class ScoredTrajectory:
     group_id: int | str | None = None
     prompt_ids: np.ndarray | None = None  # int32
     response_ids: np.ndarray | None = None  # int32
+    # a chat-completion log's tokens: (bytes, log-prob) each, aligned to our tokens at tokenization
+    # (jaxppo.data.logged); the response is then the plain assistant text after the rendered prompt
+    logged: tuple[tuple[bytes, float], ...] | None = None
 
 
 def check_columns(columns: Mapping[str, str], schema: str) -> None:

@@ -182,7 +182,7 @@ def group_ids(rows: Sequence[ScoredTrajectory]) -> np.ndarray:
 
 def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_prompt_length: int,
                     max_response_length: int, truncation: Truncation = "left", chat_template: bool = False,
-                    report: DataReport | None = None) -> dict[str, np.ndarray]:
+                    report: DataReport | None = None, logged_mismatch: str = "recompute") -> dict[str, np.ndarray]:
     """Fixed-shape arrays of scored trajectories.
 
     Returns ``prompt_ids``/``prompt_mask`` [N, P] (left padded), ``response_ids``/``response_mask``
@@ -191,14 +191,30 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
     ``group_id`` [N] int32, ``index`` [N] int32 (source row). Rows with ``prompt_ids`` /
     ``response_ids`` use them as they are; the others are tokenized. Behaviour log-probs must have
     one entry per response token (``logprob_length_mismatch`` otherwise).
+
+    Logged rows (chat-completion logs, :mod:`jaxppo.data.logged`): the prompt is encoded like any prompt (a
+    conversation rendered with the generation prompt), the answer as plain text; their logged tokens are aligned to
+    ours (:func:`jaxppo.data.logged.align`) and give the behaviour log-probs; a row that does not align is kept
+    without them (``logged_mismatch="recompute"``, counted in ``notes["mismatched_tokens_recomputed"]``) or skipped
+    as ``mismatched_tokens`` (``"skip"``).
     """
+    from jaxppo.data.logged import align
+
     report = report if report is not None else DataReport()
     vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-    need = [i for i, r in enumerate(rows) if r.prompt_ids is None or r.response_ids is None]
+    logged_rows = [i for i, r in enumerate(rows) if r.logged is not None]
+    need = [i for i, r in enumerate(rows) if r.logged is None and (r.prompt_ids is None or r.response_ids is None)]
     p_enc, (r_enc,), failed = encode_rows(tokenizer, [rows[i].prompt for i in need], [[rows[i].response for i in need]],
                                           chat_template=chat_template)
     p_tok, r_tok = dict(zip(need, p_enc)), dict(zip(need, r_enc))
     failures = {need[j]: e for j, e in failed.items()}
+    for i in logged_rows:
+        try:
+            p_tok[i] = encode_prompts(tokenizer, [rows[i].prompt], chat_template=chat_template)[0]
+            r_tok[i] = _encode_plain(tokenizer, [rows[i].response])[0]
+        except RowSkip as e:
+            failures[i] = e
+    n_aligned = n_recomputed = 0
     kept: list[ScoredTrajectory] = []
     prompts, responses, logprobs = [], [], []
     for i, r in enumerate(rows):
@@ -214,6 +230,15 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
             if not y:
                 raise _Skip("empty_tokens", "the response tokenizes to no tokens")
             lp = r.behaviour_logprobs
+            if r.logged is not None:
+                lp = align(tokenizer, y, r.logged)
+                if lp is None:
+                    if logged_mismatch == "skip":
+                        raise _Skip("mismatched_tokens", f"the {len(r.logged)} logged tokens are not our "
+                                                         f"{len(y)} tokens of the answer (data.logged_mismatch=skip)")
+                    n_recomputed += 1
+                else:
+                    n_aligned += 1
             if lp is not None and len(lp) != len(y):
                 raise _Skip("logprob_length_mismatch",
                             f"{len(lp)} behaviour_logprobs for {len(y)} response tokens")
@@ -233,6 +258,9 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
         prompts.append(p2)
         responses.append(y2)
         logprobs.append(None if lp is None else np.asarray(lp, np.float32)[: len(y2)])
+    if logged_rows:
+        report.notes["logged_logprobs_aligned"] = n_aligned
+        report.notes["mismatched_tokens_recomputed"] = n_recomputed
     pad = pad_id_of(tokenizer)
     prompt_ids, prompt_mask = left_pad(prompts, max_prompt_length, pad)
     response_ids, response_mask = right_pad(responses, max_response_length, pad, np.int32)

@@ -16,6 +16,7 @@ import numpy as np
 from jaxppo.data import hh
 from jaxppo.data.conversation import Text, as_response, check_prompt, check_str, parse_messages, split_implicit
 from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
+from jaxppo.data.logged import is_logged, parse_logged
 from jaxppo.data.rankings import ranking_pairs
 from jaxppo.data.schemas import (PREFERENCE_FIELDS, RANKING_FIELDS, SCORED_FIELDS, PreferencePair, ScoredTrajectory,
                                  check_columns, map_columns)
@@ -140,7 +141,8 @@ SCORED_REQUIRED = (("prompt",), ("response", "completion"), ("score", "label"))
 
 def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
                     max_text_chars: int = 100_000, report: DataReport | None = None) -> list[ScoredTrajectory]:
-    """Usable scored trajectories of ``records``; every other row is counted in ``report``."""
+    """Usable scored trajectories of ``records``; every other row is counted in ``report``. A chat-completion log
+    row (``choices`` with ``logprobs.content``) is read by :func:`jaxppo.data.logged.parse_logged`."""
     columns = dict(columns or {})
     check_columns(columns, "scored")
     report = report if report is not None else DataReport()
@@ -148,6 +150,18 @@ def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[st
     for i, raw in enumerate(records):
         report.rows_seen += 1
         rec = map_columns(raw, columns)
+        if is_logged(rec):
+            try:
+                prompt, content, logged = parse_logged(rec, max_text_chars)
+                score = check_label(rec["label"]) if rec.get("score") is None and rec.get("label") is not None \
+                    else check_score(rec.get("score"))
+                gid = check_group_id(rec.get("group_id"))
+            except _Bad as bad:
+                report.skip(bad.reason, f"row {i}: {bad.message}")
+                continue
+            out.append(ScoredTrajectory(prompt=prompt, response=content, score=score, index=i, group_id=gid,
+                                        logged=logged))
+            continue
         try:
             require_fields(raw, rec, SCORED_REQUIRED, columns, SCORED_FIELDS)
             # a text may be empty when its token ids are given (e.g. a sampled response that is only EOS)
