@@ -11,7 +11,7 @@ constants).
 
 from jaxppo.ops.advantages import gae
 from jaxppo.ops.dpo import dpo_loss, rpo_nll
-from jaxppo.ops.kto import kto_loss, kto_mismatched_order, kto_reference_point
+from jaxppo.ops.kto import kto_loss, kto_mismatched_order, kto_pair_loss, kto_reference_point
 from jaxppo.ops.group_advantages import (ADVANTAGE_ESTIMATORS, AdvantageEstimator, AdvantageHParams, grpo_advantages,
                                          reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages)
 from jaxppo.ops.importance import importance_weights
@@ -38,6 +38,7 @@ __all__ = [
     "kl_penalty",
     "kto_loss",
     "kto_mismatched_order",
+    "kto_pair_loss",
     "kto_reference_point",
     "logprobs_from_logits",
     "masked_mean",

@@ -96,4 +96,16 @@ def kto_loss(logp: jax.Array, ref_logp: jax.Array, desirable: jax.Array, z0: jax
     return loss, metrics
 
 
-__all__ = ["kto_loss", "kto_mismatched_order", "kto_reference_point"]
+def kto_pair_loss(logp: jax.Array, kl_logp: jax.Array, ref_logp: jax.Array, ref_kl_logp: jax.Array,
+                  desirable: jax.Array, *, beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
+                  weights: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """KTO in the two-answer layout of the preference trainers: row ``i`` holds its judged answer (``logp``,
+    ``ref_logp`` [B]) and, in the second slot, the mismatched answer of its KL estimate (``kl_logp``,
+    ``ref_kl_logp`` [B], e.g. :func:`jaxppo.data.unpaired.kto_layout`): ``z0 = kto_reference_point(kl_logp,
+    ref_kl_logp, weights)``, then :func:`kto_loss`. One forward of the pair layout gives both log-probs."""
+    z0 = kto_reference_point(kl_logp, ref_kl_logp, weights)
+    return kto_loss(logp, ref_logp, desirable, z0, beta=beta, desirable_weight=desirable_weight,
+                    undesirable_weight=undesirable_weight, weights=weights)
+
+
+__all__ = ["kto_loss", "kto_mismatched_order", "kto_pair_loss", "kto_reference_point"]

@@ -100,3 +100,40 @@ def test_bad_input():
         ops.kto_loss(x, x, np.ones(3, bool), 0.0, beta=0.1, undesirable_weight=-1.0)
     with pytest.raises(ValueError, match="n must be >= 1"):
         ops.kto_mismatched_order(0)
+
+
+def test_pair_layout_loss_is_the_reference_point_of_the_second_slot_then_kto():
+    # judged answers u = 1 (desirable), -2 (undesirable); mismatched slot log-ratios 2 and 0 -> z0 = 1
+    logp, ref = np.array([-1.0, -4.0], np.float32), np.array([-2.0, -2.0], np.float32)
+    kl_logp, ref_kl = np.array([-1.0, -3.0], np.float32), np.array([-3.0, -3.0], np.float32)
+    good = np.array([True, False])
+    loss, m = ops.kto_pair_loss(logp, kl_logp, ref, ref_kl, good, beta=1.0)
+    want = ((1 - _sig(1.0 - 1.0)) + (1 - _sig(1.0 + 2.0))) / 2
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    np.testing.assert_allclose(m["kl"], 1.0)
+
+
+def test_kto_layout_of_unpaired_rows():
+    from jaxppo.data.schemas import ScoredTrajectory
+    from jaxppo.data.tokenize import tokenize_scored
+    from jaxppo.data.unpaired import kto_layout
+    from jaxppo.data.validation import validate_scored
+
+    class Chars:   # one token per letter, id = ord - 94 (a = 3)
+        pad_token_id, eos_token_id, chat_template = 0, 2, None
+
+        def __len__(self):
+            return 30
+
+        def __call__(self, texts, add_special_tokens=True, verbose=True):
+            return {"input_ids": [[ord(c) - 94 for c in t if "a" <= c <= "z"] for t in texts]}
+
+    rows = validate_scored([{"prompt": "p", "completion": "ab", "label": True},
+                            {"prompt": "q", "completion": "c", "label": False},
+                            {"prompt": "r", "completion": "de", "label": True}])
+    assert all(isinstance(r, ScoredTrajectory) for r in rows)
+    out = kto_layout(tokenize_scored(rows, Chars(), max_prompt_length=2, max_response_length=2))
+    np.testing.assert_array_equal(out["chosen_ids"], [[3, 4], [5, 0], [6, 7]])
+    np.testing.assert_array_equal(out["rejected_ids"], [[6, 7], [3, 4], [5, 0]])   # the previous row's answer
+    np.testing.assert_array_equal(out["desirable"], [True, False, True])
+    np.testing.assert_array_equal(out["prompt_ids"][:, -1], [ord("p") - 94, ord("q") - 94, ord("r") - 94])
