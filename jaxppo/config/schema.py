@@ -311,8 +311,11 @@ class DPOConfig:
     accumulates gradients over ``micro_batch_size`` pairs at a time."""
 
     beta: float = field(0.1, gt=0.0)
-    loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "sigmoid_norm"] = "sigmoid"
+    # "kto": TRL's KTO on unpaired rows (prompt, completion, boolean label; data.schema=scored), jaxppo/ops/kto.py
+    loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "sigmoid_norm", "kto"] = "sigmoid"
     label_smoothing: float = field(0.0, ge=0.0, le=0.5)  # cDPO / robust epsilon (sigmoid, robust only)
+    desirable_weight: float = field(1.0, ge=0.0)  # KTO: weight of the desirable (label true) rows' losses
+    undesirable_weight: float = field(1.0, ge=0.0)  # KTO: weight of the undesirable rows' losses
     # RPO: + rpo_alpha x NLL of the chosen answers, a token mean over all chosen tokens of the batch (TRL)
     rpo_alpha: float = field(0.0, ge=0.0)
     batch_size: int = field(32, ge=1)  # pairs per step
@@ -326,6 +329,8 @@ class DPOConfig:
         if self.loss_type == "robust":
             check(self.label_smoothing < 0.5, "dpo.label_smoothing",
                   f"must be < 0.5 for loss_type=robust, got {self.label_smoothing}")
+        if self.loss_type == "kto":
+            check(self.rpo_alpha == 0.0, "dpo.rpo_alpha", f"is not used by loss_type=kto, needs 0, got {self.rpo_alpha}")
         if self.micro_batch_size is not None:
             check(self.batch_size % self.micro_batch_size == 0, "dpo.micro_batch_size",
                   f"must divide dpo.batch_size={self.batch_size}, got {self.micro_batch_size}")

@@ -29,4 +29,16 @@ def kto_layout(scored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             "desirable": np.asarray(scored["score"]) > 0.5, "group_id": scored["group_id"], "index": scored["index"]}
 
 
-__all__ = ["kto_layout"]
+def load_kto_arrays(cfg, tokenizer, model_path: str | None = None):
+    """``(arrays, report)``: the unpaired rows of ``cfg`` (a ``DataConfig`` with ``schema=scored``) read and
+    tokenized by the scored path (:func:`jaxppo.data.pipeline.check_context`, ``load_rows``, ``tokenize_rows``)
+    in the :func:`kto_layout`."""
+    from jaxppo.data.pipeline import check_context, load_rows, tokenize_rows
+
+    if model_path is not None:
+        check_context(cfg, model_path)
+    loaded = load_rows(cfg)
+    return kto_layout(tokenize_rows(loaded, tokenizer, cfg)), loaded.report
+
+
+__all__ = ["kto_layout", "load_kto_arrays"]
