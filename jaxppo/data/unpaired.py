@@ -5,13 +5,16 @@ score 0; every bad row counted), then :func:`kto_layout` puts them in the two-an
 trainers: row ``i``'s prompt with its own answer in the first slot (``chosen_*``, the judged answer) and, in the
 second slot (``rejected_*``), the answer of row ``order[i] = (i − 1) mod N``
 (:func:`jaxppo.ops.kto_mismatched_order`, TRL's shift of the answers by one): the mismatched pair of the KL
-reference point ``z0``. ``desirable`` [N] bool is the label (score > ½).
+reference point ``z0``. ``desirable`` [N] bool is the label: score > ½ (a label gives 1 or 0; the win-rate scores
+of ``reward to-scored`` without a reward model also lie in [0, 1], so HH pairs become KTO rows: only-chosen answers
+desirable, only-rejected ones not). Scores outside [0, 1] (a reward model's) are a :class:`DataError`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from jaxppo.data.report import DataError
 from jaxppo.ops.kto import kto_mismatched_order
 
 
@@ -22,6 +25,12 @@ def kto_layout(scored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = scored["prompt_ids"].shape[0]
     if n == 0:
         raise ValueError("kto_layout: no rows")
+    score = np.asarray(scored["score"])
+    bad = np.flatnonzero((score < 0) | (score > 1))
+    if bad.size:
+        raise DataError(f"dpo.loss_type=kto reads binary feedback: a boolean label, or a score in [0, 1] (desirable "
+                        f"above 1/2, e.g. the win rate of `reward to-scored` without a reward model); {bad.size} rows "
+                        f"have other scores (source row {int(scored['index'][bad[0]])}: {float(score[bad[0]])})")
     order = kto_mismatched_order(n)
     return {"prompt_ids": scored["prompt_ids"], "prompt_mask": scored["prompt_mask"],
             "chosen_ids": scored["response_ids"], "chosen_mask": scored["response_mask"],

@@ -62,3 +62,34 @@ def test_kto_needs_unpaired_rows(hh_pairs, stories_model, tmp_path):
         check_dpo_config(cfg, 1)
     with pytest.raises(ConfigError, match="dpo.rpo_alpha"):
         load_config(None, ["dpo.loss_type=kto", "dpo.rpo_alpha=0.5"])
+
+
+def test_the_kto_config_steps_turn_hh_pairs_into_kto_rows(tmp_path, monkeypatch, capsys):
+    """Step 1 of configs/kto_hh_stories260k.yaml (to-scored without a reward model) on 40 HH pairs, then step 2's
+    data as the KTO trainer lays it out: chosen answers desirable, rejected ones not."""
+    import re
+
+    from jaxppo.config import load_config
+    from jaxppo.data.report import DataError
+    from jaxppo.data.unpaired import kto_layout, load_kto_arrays
+    from jaxppo.hf import load_tokenizer
+    from jaxppo.reward import main
+    from tests.trainer.dpo.conftest import REPO
+
+    monkeypatch.chdir(REPO)   # the configs' paths are relative to the repository root
+    text = (REPO / "configs" / "kto_hh_stories260k.yaml").read_text()
+    step1 = re.search(r"python -m jaxppo\.reward to-scored (.*?)\n#\s+(.*?)\n", text)
+    args = (step1.group(1).rstrip(" \\") + " " + step1.group(2)).split()
+    out_dir = next(a.split("=", 1)[1] for a in args if a.startswith("trainer.output_dir="))
+    cfg = load_config(REPO / "configs" / "kto_hh_stories260k.yaml")
+    assert cfg.data.path == f"{out_dir}/scored.jsonl"   # step 2 reads what step 1 writes
+    out = tmp_path / "unpaired"
+    args = [a if not a.startswith("trainer.output_dir=") else f"trainer.output_dir={out}" for a in args]
+    assert main(["to-scored", *args, "data.max_rows=40"]) == 0, capsys.readouterr().err
+    data = cfg.data.__class__(**{**cfg.data.__dict__, "path": str(out / "scored.jsonl")})
+    arrays, report = load_kto_arrays(data, load_tokenizer(REPO / cfg.model.path))
+    n_pairs = json.loads((out / "to_scored_metrics.json").read_text())["n_pairs"]
+    assert arrays["desirable"].sum() == n_pairs == (~arrays["desirable"]).sum()   # HH answers: one pair each
+    with pytest.raises(DataError, match="binary feedback"):   # a reward model's scores are not labels
+        kto_layout({**{k: v for k, v in arrays.items() if k != "desirable"}, "score": np.full(len(arrays["index"]), 2.0),
+                    "response_ids": arrays["chosen_ids"], "response_mask": arrays["chosen_mask"]})
