@@ -8,13 +8,16 @@
   response) and, when the rows carry a score, the correlation with it. Writes
   ``trainer.output_dir/scores.jsonl`` and ``score_metrics.json``.
 - ``to-scored``: turns the preference pairs of ``data.path`` into a training-ready **scored** dataset
-  ``trainer.output_dir/scored.jsonl``: two rows per pair (chosen, then rejected) with ``prompt``,
-  ``response``, ``score``, ``group_id`` (the pair's source row, so the two answers form a group),
-  ``label`` (True for the chosen answer) and ``pair_index``, and **no** behaviour log-probs. The
-  score is the reward model's (``reward.model_path`` set) or, without a reward model, the label
-  (chosen 1.0, rejected 0.0). Text fields keep their form: strings stay strings, chat messages stay
-  lists of messages (prompt messages; the response as its assistant message), so the policy's own
-  chat template renders them at training time. Also writes ``to_scored_metrics.json``.
+  ``trainer.output_dir/scored.jsonl``. The pairs pass the filter of ``reward train`` and ``jaxppo.dpo``
+  (:func:`jaxppo.data.pipeline.load_preference_arrays`, with the policy's tokenizer and the ``data.*`` lengths), so
+  a pair they skip is not written. Each distinct (prompt, response) is written **once**
+  (:mod:`jaxppo.data.answers`): ``prompt``, ``response``, ``score``, ``group_id`` (per prompt, so the answers to
+  one prompt form a group and a by-group split holds out the prompts DPO holds out), ``wins``, ``losses``, ``ties``
+  and ``source_rows``, and **no** behaviour log-probs. The score is the reward model's (``reward.model_path`` set)
+  or, without a reward model, the answer's win rate over its pairs (only ever chosen 1.0, only ever rejected 0.0).
+  Text fields keep their form: strings stay strings, chat messages stay lists of messages (prompt messages; the
+  response as its assistant message), so the policy's own chat template renders them at training time. Also
+  writes ``to_scored_metrics.json``; the data report (every skip and truncation) is printed.
 
 Offline PPO on such a file: the behaviour policy μ (the humans who wrote the answers) is unknown, so
 the trainer takes the behaviour log-probs from the reference policy: π_prox/μ becomes π_prox/π_ref.
@@ -41,6 +44,7 @@ from jaxppo.rewards.scoring import preference_to_scored, score_dataset, score_te
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for bad input)."""
     from jaxppo.cli_util import parse_config_args, run_cli, setup_logging
+    from jaxppo.data.report import data_summary
     from jaxppo.hf.paths import resolve_model_path
 
     prog = "python -m jaxppo.reward"
@@ -49,25 +53,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      argv, commands=("train", "score", "to-scored"))
 
     def work() -> None:
+        if command == "score" or (command == "to-scored" and cfg.reward.model_path):
+            from jaxppo.rewards.model_io import check_reward_model_dir
+
+            check_reward_model_dir(cfg.reward.model_path)   # before any model or data is loaded
         setup_logging(cfg.trainer.output_dir, f"reward_{command}.log")
         if command == "train":
             from jaxppo.rewards.model_training import train_reward_model
 
             m = train_reward_model(cfg, out_dir=cfg.trainer.output_dir, progress=cfg.trainer.progress,
                                    resolve_path=resolve_model_path).metrics
-            print(f"eval/accuracy {m['eval/accuracy']:.4f} on {m['n_eval_pairs']} held-out pairs "
-                  f"({m['n_eval_prompts']} prompts; before training {m['eval/accuracy_init']:.4f}, "
-                  f"shorter-answer baseline {m['eval/length_baseline_accuracy']:.4f}); "
+            if not cfg.trainer.progress:   # with progress the report was printed before training
+                print(data_summary(m["data_report"]))
+            lo, hi = m["eval/accuracy_ci95"]
+            print(f"eval/accuracy {m['eval/accuracy']:.4f} [95% interval over prompts {lo:.4f}, {hi:.4f}] on "
+                  f"{m['n_eval_pairs']} held-out pairs ({m['n_eval_prompts']} prompts; before training "
+                  f"{m['eval/accuracy_init']:.4f}; pick-the-shorter-answer {m['eval/length_baseline_accuracy']:.4f}, "
+                  f"pick-the-longer-answer {m['eval/longer_baseline_accuracy']:.4f}); "
                   f"train {m['time/train_s']:.1f}s; wrote {Path(cfg.trainer.output_dir) / 'metrics.json'}")
+            for w in m["warnings"]:
+                print(w)
         elif command == "to-scored":
             m = preference_to_scored(cfg)
-            how = (f"reward-model scores ({cfg.reward.model_path}; pair accuracy {m['accuracy']:.4f})"
-                   if m["score_source"] == "reward_model"
-                   else "label scores (chosen 1, rejected 0; no reward.model_path)")
-            print(f"wrote {m['n_rows']} scored rows ({m['n_pairs']} pairs) with {how} to {m['output']}; "
-                  "no behaviour log-probs: training takes them from the reference policy")
+            print(data_summary(m["data_report"]))
+            how = {"reward_model": f"reward-model scores ({cfg.reward.model_path}; pair accuracy "
+                                   f"{m.get('accuracy', float('nan')):.4f})",
+                   "rating": "the rows' ratings as scores (no reward.model_path)",
+                   "win_rate": "win-rate scores (wins / pairs; no reward.model_path)"}[m["score_source"]]
+            print(f"wrote {m['n_rows']} scored rows (each distinct answer once; {m['n_prompts']} prompt groups) "
+                  f"from {m['n_pairs']} pairs with {how} to {m['output']}; no behaviour log-probs: training takes "
+                  "them from the reference policy")
         else:
             m = score_dataset(cfg)
+            print(data_summary(m["data_report"]))
             key = "accuracy" if "accuracy" in m else "rm_score_mean"
             print(f"{key} {m[key]:.4f}; wrote {Path(cfg.trainer.output_dir) / 'scores.jsonl'}")
 

@@ -25,7 +25,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({k: summary[k] for k in keys if k in summary}))
         print(f"outputs in {cfg.trainer.output_dir}")
 
-    return run_cli(PROG, lambda: train(cfg), report, errors=(CheckpointError,), config_error_form=True)
+    def work() -> dict:
+        if cfg.reward.kind == "model":   # a wrong reward.model_path is reported before any model or data is loaded
+            from jaxppo.rewards.model_io import check_reward_model_dir
+
+            check_reward_model_dir(cfg.reward.model_path)
+        return train(cfg)
+
+    return run_cli(PROG, work, report, errors=(CheckpointError,), config_error_form=True)
 
 
 if __name__ == "__main__":

@@ -253,7 +253,11 @@ class DataConfig:
     cache_dir: str | None = None  # behaviour/reference log-prob cache (default: $JAXPPO_CACHE_DIR or ~/.cache/jaxppo)
     seed: int = 0
     # preference rows: "explicit" prompt/chosen/rejected, "hh" HH-RLHF dialogues, "auto" = explicit if a prompt column
-    preference_format: Literal["auto", "explicit", "hh"] = "auto"
+    # "ranking": k answers per prompt with ratings or pairwise comparisons (jaxppo.data.rankings); auto detects it
+    preference_format: Literal["auto", "explicit", "hh", "ranking"] = "auto"
+    ties: Literal["drop", "keep"] = "drop"  # ranking ties: left out, or kept as both orders a > b and b > a
+    # chat-completion logs whose tokens are not ours: keep with reference log-probs, or skip (jaxppo.data.logged)
+    logged_mismatch: Literal["recompute", "skip"] = "recompute"
     max_text_chars: int = field(100_000, ge=1)  # longer text fields are skipped (text_too_long)
     chat_template: bool = False  # render text prompts with the tokenizer's chat template
     # a Jinja chat template that replaces the tokenizer's (for chat-message data and chat_template=true)
@@ -309,8 +313,11 @@ class DPOConfig:
     accumulates gradients over ``micro_batch_size`` pairs at a time."""
 
     beta: float = field(0.1, gt=0.0)
-    loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "sigmoid_norm"] = "sigmoid"
+    # "kto": TRL's KTO on unpaired rows (prompt, completion, boolean label; data.schema=scored), jaxppo/ops/kto.py
+    loss_type: Literal["sigmoid", "hinge", "ipo", "robust", "sigmoid_norm", "kto"] = "sigmoid"
     label_smoothing: float = field(0.0, ge=0.0, le=0.5)  # cDPO / robust epsilon (sigmoid, robust only)
+    desirable_weight: float = field(1.0, ge=0.0)  # KTO: weight of the desirable (label true) rows' losses
+    undesirable_weight: float = field(1.0, ge=0.0)  # KTO: weight of the undesirable rows' losses
     # RPO: + rpo_alpha x NLL of the chosen answers, a token mean over all chosen tokens of the batch (TRL)
     rpo_alpha: float = field(0.0, ge=0.0)
     batch_size: int = field(32, ge=1)  # pairs per step
@@ -324,6 +331,8 @@ class DPOConfig:
         if self.loss_type == "robust":
             check(self.label_smoothing < 0.5, "dpo.label_smoothing",
                   f"must be < 0.5 for loss_type=robust, got {self.label_smoothing}")
+        if self.loss_type == "kto":
+            check(self.rpo_alpha == 0.0, "dpo.rpo_alpha", f"is not used by loss_type=kto, needs 0, got {self.rpo_alpha}")
         if self.micro_batch_size is not None:
             check(self.batch_size % self.micro_batch_size == 0, "dpo.micro_batch_size",
                   f"must divide dpo.batch_size={self.batch_size}, got {self.micro_batch_size}")

@@ -230,10 +230,14 @@ def load_scored_arrays(data_cfg: Any, tokenizer: Any, *, reference_path: str | N
     """``load_rows`` + ``tokenize_rows`` + behaviour log-probs for rows that have none.
 
     With neither ``reference_path`` nor ``reference`` the missing log-probs stay 0 and
-    ``has_behaviour`` False. The cache goes to ``data.cache_dir`` or beside ``data.path``.
+    ``has_behaviour`` False. With ``reference_path``, prompt + response lengths above the model's context are a
+    ``ConfigError`` (:func:`~jaxppo.data.pipeline.check_context`) before any row is read. The cache goes to
+    ``data.cache_dir`` or beside ``data.path``.
     """
-    from jaxppo.data.pipeline import load_rows, tokenize_rows
+    from jaxppo.data.pipeline import check_context, load_rows, tokenize_rows
 
+    if reference_path is not None:
+        check_context(data_cfg, reference_path)
     loaded = load_rows(data_cfg)
     arrays = tokenize_rows(loaded, tokenizer, data_cfg)
     if reference_path is not None or reference is not None:

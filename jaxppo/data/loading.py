@@ -91,7 +91,7 @@ def read_json_strict(path: str | Path, report: DataReport | None = None) -> list
                 rows.append(item)
             else:
                 report.rows_seen += 1
-            report.skip("invalid_json", f"{path} item {i}: expected an object, got {type(item).__name__}")
+                report.skip("invalid_json", f"{path} item {i}: expected an object, got {type(item).__name__}")
         return rows
     rows: list[dict] = []
     for lineno, raw in enumerate(_open_text_lines(path), start=1):

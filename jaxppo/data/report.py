@@ -23,6 +23,8 @@ SKIP_REASONS: dict[str, str] = {
     "invalid_utf8": "a text field is not valid UTF-8",
     "text_too_long": "a text field is longer than data.max_text_chars characters",
     "identical_pair": "chosen and rejected are the same text",
+    "identical_after_truncation": "chosen and rejected differ only after their first data.max_response_length "
+                                  "tokens, so the model sees the same answer twice",
     "no_assistant_turn": "an HH-RLHF dialogue has no '\\n\\nAssistant:' turn",
     "prompt_mismatch": "the chosen and rejected dialogues of an HH-RLHF pair have different prompts",
     "bad_score": "the score is not a number",
@@ -45,11 +47,18 @@ SKIP_REASONS: dict[str, str] = {
     "mixed_text_and_messages": "a row mixes a plain-text prompt with chat-message responses",
     "template_mismatch": "the chat template's rendering of the prompt is not a prefix of its rendering of the "
                          "whole conversation",
+    "mismatched_tokens": "a logged row's tokens are not our tokenizer's tokens of its answer "
+                         "(data.logged_mismatch=skip; recompute keeps the row with reference log-probs)",
+    "bad_comparison": "a ranking row's completions or comparisons are malformed (fewer than two answers, an answer "
+                      "index out of range, preferred not a/b/tie)",
     "wrong_preference_format": "the row looks like the other data.preference_format (explicit prompt/chosen/"
                                "rejected vs implicit-prompt hh dialogues or conversations)",
 }
 
 _MAX_EXAMPLES = 3
+
+# a field truncated in more than this share of its rows gets a warning in the summary, with the key to change
+TRUNCATION_WARN_SHARE = 0.1
 
 
 class DataError(ValueError):
@@ -71,7 +80,9 @@ class DataReport:
 
     ``rows_seen`` rows were read, ``rows_kept`` survived; ``skipped[reason]`` counts dropped
     rows by reason, ``truncated[what]`` counts truncated fields and ``tokens_dropped[what]`` the
-    tokens cut away. ``examples[reason]`` keeps the first few messages of each reason.
+    tokens cut away, out of ``fitted[what]`` fields of that kind that were fitted to their budget, whose
+    config key and value ``limits[what]`` names (e.g. ``"data.max_response_length=64"``).
+    ``examples[reason]`` keeps the first few messages of each reason.
     """
 
     source: str = ""
@@ -82,6 +93,8 @@ class DataReport:
     tokens_dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     examples: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     notes: dict[str, int | float | str] = dataclasses.field(default_factory=dict)
+    fitted: dict[str, int] = dataclasses.field(default_factory=dict)
+    limits: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def skip(self, reason: str, message: str) -> None:
         """Count one dropped row under ``reason`` (must be a known reason) with a message."""
@@ -96,6 +109,25 @@ class DataReport:
         """Count one truncation of field ``what`` that cut ``n_tokens`` tokens."""
         self.truncated[what] = self.truncated.get(what, 0) + 1
         self.tokens_dropped[what] = self.tokens_dropped.get(what, 0) + int(n_tokens)
+
+    def fit(self, what: str, limit: str) -> None:
+        """Count one field ``what`` fitted to its token budget, the config ``limit`` (``"key=value"``)."""
+        self.fitted[what] = self.fitted.get(what, 0) + 1
+        self.limits[what] = limit
+
+    def warnings(self) -> list[str]:
+        """One line per field truncated in more than :data:`TRUNCATION_WARN_SHARE` of its fitted rows: the
+        counts, the tokens cut and the config key to raise."""
+        out = []
+        for what, n in sorted(self.truncated.items()):
+            total = self.fitted.get(what, 0)
+            if total and n / total > TRUNCATION_WARN_SHARE:
+                limit = self.limits.get(what, "")
+                key = limit.split("=")[0] if limit else "the length limit"
+                out.append(f"warning: {n} of {total} {what} texts ({100 * n / total:.0f}% > "
+                           f"{100 * TRUNCATION_WARN_SHARE:.0f}%) were truncated to {limit or 'their budget'} "
+                           f"({self.tokens_dropped.get(what, 0)} tokens cut): raise {key} to keep them whole")
+        return out
 
     @property
     def n_skipped(self) -> int:
@@ -113,7 +145,19 @@ class DataReport:
             "tokens_dropped": dict(sorted(self.tokens_dropped.items())),
             "examples": {k: list(v) for k, v in sorted(self.examples.items())},
             "notes": dict(self.notes),
+            "fitted": dict(sorted(self.fitted.items())),
+            "limits": dict(sorted(self.limits.items())),
+            "warnings": self.warnings(),
         }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DataReport":
+        """The report of a :meth:`to_dict` form (as written to metrics files)."""
+        return cls(source=d.get("source", ""), rows_seen=d.get("rows_seen", 0), rows_kept=d.get("rows_kept", 0),
+                   skipped=dict(d.get("skipped", {})), truncated=dict(d.get("truncated", {})),
+                   tokens_dropped=dict(d.get("tokens_dropped", {})),
+                   examples={k: list(v) for k, v in d.get("examples", {}).items()}, notes=dict(d.get("notes", {})),
+                   fitted=dict(d.get("fitted", {})), limits=dict(d.get("limits", {})))
 
     def flat_metrics(self, prefix: str = "data/") -> dict[str, int]:
         """Flat ``{prefix + 'skipped/<reason>': n, ...}`` counters for metric logs."""
@@ -131,9 +175,11 @@ class DataReport:
             example = self.examples.get(reason, [""])[0]
             lines.append(f"  skipped {n:6d} {reason}: {SKIP_REASONS[reason]} (e.g. {example})")
         for what, n in sorted(self.truncated.items()):
-            lines.append(f"  truncated {n:6d} {what} ({self.tokens_dropped.get(what, 0)} tokens cut)")
+            of = f" of {self.fitted[what]}" if what in self.fitted else ""
+            lines.append(f"  truncated {n:6d}{of} {what} ({self.tokens_dropped.get(what, 0)} tokens cut)")
         for k, v in self.notes.items():
             lines.append(f"  {k}: {v}")
+        lines.extend(self.warnings())
         return "\n".join(lines)
 
     def emit(self, print_fn: Callable[[str], None] | None = print) -> None:
@@ -142,6 +188,8 @@ class DataReport:
         if print_fn is not None:
             print_fn(text)
         logger.info(text)
+        for line in self.warnings():
+            logger.warning(line)
 
     def merge(self, other: "DataReport") -> None:
         """Add ``other``'s skip/truncation counters into this report (rows counters untouched)."""
@@ -153,3 +201,12 @@ class DataReport:
             self.truncated[k] = self.truncated.get(k, 0) + v
         for k, v in other.tokens_dropped.items():
             self.tokens_dropped[k] = self.tokens_dropped.get(k, 0) + v
+        for k, v in other.fitted.items():
+            self.fitted[k] = self.fitted.get(k, 0) + v
+        self.limits.update(other.limits)
+
+
+
+def data_summary(report: dict) -> str:
+    """:meth:`DataReport.summary` of a report's :meth:`DataReport.to_dict` form (as written to metrics files)."""
+    return DataReport.from_dict(report).summary()

@@ -25,6 +25,8 @@ from jaxppo.data.conversation import Text
 from jaxppo.data.report import DataError
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
+# ranking rows (jaxppo.data.rankings): k answers with ratings or pairwise comparisons, read as preference pairs
+RANKING_FIELDS = ("completions", "comparisons", "response", "score")
 SCORED_FIELDS = ("prompt", "response", "score", "behaviour_logprobs", "group_id", "prompt_ids", "response_ids",
                  "completion", "label")
 
@@ -36,7 +38,16 @@ class PreferencePair:
     prompt: Text  # a string, or chat messages ending with a user turn
     chosen: Text  # a string, or assistant message(s) (a conversation when ``prompt`` is one)
     rejected: Text
-    index: int  # row number in the source
+    index: int  # row number in the source (a pair of a ranking row: the pair's ordinal, the row is ``source``)
+    source: int | None = None  # the source row when one row gives several pairs (rankings)
+    tie: bool = False  # one of the two orders of a kept tie (data.ties=keep)
+    chosen_score: float | None = None  # the answers' ratings, when the ranking row has them
+    rejected_score: float | None = None
+
+    @property
+    def row(self) -> int:
+        """The source row of the pair."""
+        return self.index if self.source is None else self.source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +62,14 @@ class ScoredTrajectory:
     group_id: int | str | None = None
     prompt_ids: np.ndarray | None = None  # int32
     response_ids: np.ndarray | None = None  # int32
+    # a chat-completion log's tokens: (bytes, log-prob) each, aligned to our tokens at tokenization
+    # (jaxppo.data.logged); the response is then the plain assistant text after the rendered prompt
+    logged: tuple[tuple[bytes, float], ...] | None = None
 
 
 def check_columns(columns: Mapping[str, str], schema: str) -> None:
     """Raise DataError when ``data.columns`` names a field that ``schema`` does not have."""
-    known = PREFERENCE_FIELDS if schema == "preference" else SCORED_FIELDS
+    known = PREFERENCE_FIELDS + RANKING_FIELDS if schema == "preference" else SCORED_FIELDS
     for ours, theirs in columns.items():
         if ours not in known:
             raise DataError(f"data.columns: {ours!r} is not a field of the {schema} schema "

@@ -15,7 +15,9 @@ Truncation policy ``data.truncation`` for a text longer than its budget:
 - ``"skip"``: rows that do not fit are dropped (``prompt_too_long`` / ``response_too_long``);
 - ``"error"``: the first row that does not fit raises :class:`DataError`.
 
-Every truncation is counted in the :class:`DataReport` (``truncated`` and ``tokens_dropped``).
+Every truncation is counted in the :class:`DataReport` (``truncated`` and ``tokens_dropped``, out of ``fitted``);
+a field truncated in more than ``report.TRUNCATION_WARN_SHARE`` of its rows gets a warning naming the key to
+raise (:meth:`DataReport.warnings`).
 
 Conversational rows (prompt and responses as chat messages) are rendered by the tokenizer's chat
 template first (:func:`jaxppo.data.conversation.render`: prompt with the generation prompt, response
@@ -180,7 +182,7 @@ def group_ids(rows: Sequence[ScoredTrajectory]) -> np.ndarray:
 
 def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_prompt_length: int,
                     max_response_length: int, truncation: Truncation = "left", chat_template: bool = False,
-                    report: DataReport | None = None) -> dict[str, np.ndarray]:
+                    report: DataReport | None = None, logged_mismatch: str = "recompute") -> dict[str, np.ndarray]:
     """Fixed-shape arrays of scored trajectories.
 
     Returns ``prompt_ids``/``prompt_mask`` [N, P] (left padded), ``response_ids``/``response_mask``
@@ -189,14 +191,30 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
     ``group_id`` [N] int32, ``index`` [N] int32 (source row). Rows with ``prompt_ids`` /
     ``response_ids`` use them as they are; the others are tokenized. Behaviour log-probs must have
     one entry per response token (``logprob_length_mismatch`` otherwise).
+
+    Logged rows (chat-completion logs, :mod:`jaxppo.data.logged`): the prompt is encoded like any prompt (a
+    conversation rendered with the generation prompt), the answer as plain text; their logged tokens are aligned to
+    ours (:func:`jaxppo.data.logged.align`) and give the behaviour log-probs; a row that does not align is kept
+    without them (``logged_mismatch="recompute"``, counted in ``notes["mismatched_tokens_recomputed"]``) or skipped
+    as ``mismatched_tokens`` (``"skip"``).
     """
+    from jaxppo.data.logged import align
+
     report = report if report is not None else DataReport()
     vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
-    need = [i for i, r in enumerate(rows) if r.prompt_ids is None or r.response_ids is None]
+    logged_rows = [i for i, r in enumerate(rows) if r.logged is not None]
+    need = [i for i, r in enumerate(rows) if r.logged is None and (r.prompt_ids is None or r.response_ids is None)]
     p_enc, (r_enc,), failed = encode_rows(tokenizer, [rows[i].prompt for i in need], [[rows[i].response for i in need]],
                                           chat_template=chat_template)
     p_tok, r_tok = dict(zip(need, p_enc)), dict(zip(need, r_enc))
     failures = {need[j]: e for j, e in failed.items()}
+    for i in logged_rows:
+        try:
+            p_tok[i] = encode_prompts(tokenizer, [rows[i].prompt], chat_template=chat_template)[0]
+            r_tok[i] = _encode_plain(tokenizer, [rows[i].response])[0]
+        except RowSkip as e:
+            failures[i] = e
+    n_aligned = n_recomputed = 0
     kept: list[ScoredTrajectory] = []
     prompts, responses, logprobs = [], [], []
     for i, r in enumerate(rows):
@@ -212,6 +230,15 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
             if not y:
                 raise _Skip("empty_tokens", "the response tokenizes to no tokens")
             lp = r.behaviour_logprobs
+            if r.logged is not None:
+                lp = align(tokenizer, y, r.logged)
+                if lp is None:
+                    if logged_mismatch == "skip":
+                        raise _Skip("mismatched_tokens", f"the {len(r.logged)} logged tokens are not our "
+                                                         f"{len(y)} tokens of the answer (data.logged_mismatch=skip)")
+                    n_recomputed += 1
+                else:
+                    n_aligned += 1
             if lp is not None and len(lp) != len(y):
                 raise _Skip("logprob_length_mismatch",
                             f"{len(lp)} behaviour_logprobs for {len(y)} response tokens")
@@ -221,6 +248,8 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
             _handle(s, r.index, "skip" if s.reason not in ("prompt_too_long", "response_too_long") else truncation,
                     report)
             continue
+        report.fit("prompt", f"data.max_prompt_length={max_prompt_length}")
+        report.fit("response", f"data.max_response_length={max_response_length}")
         if cut_p:
             report.truncate("prompt", cut_p)
         if cut_y:
@@ -229,6 +258,9 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
         prompts.append(p2)
         responses.append(y2)
         logprobs.append(None if lp is None else np.asarray(lp, np.float32)[: len(y2)])
+    if logged_rows:
+        report.notes["logged_logprobs_aligned"] = n_aligned
+        report.notes["mismatched_tokens_recomputed"] = n_recomputed
     pad = pad_id_of(tokenizer)
     prompt_ids, prompt_mask = left_pad(prompts, max_prompt_length, pad)
     response_ids, response_mask = right_pad(responses, max_response_length, pad, np.int32)
@@ -254,8 +286,9 @@ def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_
     Returns ``prompt_ids``/``prompt_mask`` [N, P] (left padded, shared by both answers),
     ``chosen_ids``/``chosen_mask`` and ``rejected_ids``/``rejected_mask`` [N, R] (right padded),
     ``index`` [N] int32 (source row). An empty response is allowed (the reward is then read at the
-    last prompt token); pairs whose two answers become identical after truncation are skipped as
-    ``identical_pair``.
+    last prompt token). Pairs whose two answers tokenize to the same tokens are skipped as ``identical_pair``;
+    pairs whose answers differ only after their first ``R`` tokens as ``identical_after_truncation`` (the model
+    would see one answer twice).
     """
     report = report if report is not None else DataReport()
     p_tok, (c_tok, r_tok), failures = encode_rows(tokenizer, [x.prompt for x in pairs],
@@ -272,12 +305,17 @@ def tokenize_preference(pairs: Sequence[PreferencePair], tokenizer: Any, *, max_
             c2, cut_c = fit_response(c, max_response_length, truncation)
             r2, cut_r = fit_response(r, max_response_length, truncation)
             if c2 == r2:
-                raise _Skip("identical_pair", f"chosen and rejected are identical in their first "
-                                              f"{max_response_length} tokens")
+                if c != r:
+                    raise _Skip("identical_after_truncation",
+                                f"chosen and rejected differ only after their first {max_response_length} tokens "
+                                f"(data.max_response_length={max_response_length}; raise it to keep the pair)")
+                raise _Skip("identical_pair", "chosen and rejected tokenize to the same tokens")
         except _Skip as s:
-            _handle(s, pair.index, truncation if s.reason.endswith("_too_long") else "skip", report)
+            _handle(s, pair.row, truncation if s.reason.endswith("_too_long") else "skip", report)
             continue
         for what, n in (("prompt", cut_p), ("chosen", cut_c), ("rejected", cut_r)):
+            report.fit(what, f"data.max_prompt_length={max_prompt_length}" if what == "prompt"
+                       else f"data.max_response_length={max_response_length}")
             if n:
                 report.truncate(what, n)
         kept.append(pair)

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from jaxppo.data import hh
 from jaxppo.data.conversation import Text, as_response, check_prompt, check_str, parse_messages, split_implicit
 from jaxppo.data.report import SKIP_REASONS, DataError, DataReport, RowSkip
-from jaxppo.data.schemas import PreferencePair, ScoredTrajectory, check_columns, map_columns
+from jaxppo.data.logged import is_logged, parse_logged
+from jaxppo.data.rankings import ranking_pairs
+from jaxppo.data.schemas import (PREFERENCE_FIELDS, RANKING_FIELDS, SCORED_FIELDS, PreferencePair, ScoredTrajectory,
+                                 check_columns, map_columns)
 
 LOGPROB_TOLERANCE = 1e-5  # log-probs may exceed 0 by float rounding, not more
 
@@ -108,9 +111,38 @@ def check_group_id(value: Any) -> int | str | None:
     return int(value) if isinstance(value, numbers.Integral) else value
 
 
+def require_fields(raw: Mapping[str, Any], rec: Mapping[str, Any], required: Sequence[Sequence[str]],
+                   columns: Mapping[str, str], known: Sequence[str]) -> None:
+    """``missing_field`` for the first required field (or group of alternatives, e.g. ``response``/``completion``)
+    that is absent from the column-mapped row ``rec``: the message lists the columns the row has and suggests
+    ``data.columns.<field>=<column>`` with the row's columns that are no field of the schema (a null value is left
+    to the field's own check). A scored row that holds ``chosen``/``rejected`` instead of a response is a preference
+    pair: the message points to ``python -m jaxppo.reward to-scored``."""
+    for names in required:
+        if any(n in rec for n in names):
+            continue
+        name = names[0]
+        alt = f" (or {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""
+        found = ", ".join(map(str, raw)) or "none"
+        if name in ("response", "completion") and "chosen" in rec and "rejected" in rec:
+            raise _Bad("missing_field", f"{name!r}{alt} is missing: the row has 'chosen' and 'rejected', a preference "
+                                        "pair; turn pairs into scored rows with `python -m jaxppo.reward to-scored` "
+                                        "(or train on them with `python -m jaxppo.dpo`, data.schema=preference)")
+        spare = [c for c in raw if isinstance(c, str) and c not in known and c not in columns.values()]
+        hint = (f"set data.columns.{name}={spare[0]}" if len(spare) == 1 else
+                f"set data.columns.{name}=<column> (one of {', '.join(spare)}?)" if spare else
+                f"set data.columns.{name}=<column>")
+        raise _Bad("missing_field", f"{name!r}{alt} is missing (the row's columns: {found}); if the data names it "
+                                    f"otherwise, {hint}")
+
+
+SCORED_REQUIRED = (("prompt",), ("response", "completion"), ("score", "label"))
+
+
 def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
                     max_text_chars: int = 100_000, report: DataReport | None = None) -> list[ScoredTrajectory]:
-    """Usable scored trajectories of ``records``; every other row is counted in ``report``."""
+    """Usable scored trajectories of ``records``; every other row is counted in ``report``. A chat-completion log
+    row (``choices`` with ``logprobs.content``) is read by :func:`jaxppo.data.logged.parse_logged`."""
     columns = dict(columns or {})
     check_columns(columns, "scored")
     report = report if report is not None else DataReport()
@@ -118,7 +150,20 @@ def validate_scored(records: Iterable[Mapping[str, Any]], *, columns: Mapping[st
     for i, raw in enumerate(records):
         report.rows_seen += 1
         rec = map_columns(raw, columns)
+        if is_logged(rec):
+            try:
+                prompt, content, logged = parse_logged(rec, max_text_chars)
+                score = check_label(rec["label"]) if rec.get("score") is None and rec.get("label") is not None \
+                    else check_score(rec.get("score"))
+                gid = check_group_id(rec.get("group_id"))
+            except _Bad as bad:
+                report.skip(bad.reason, f"row {i}: {bad.message}")
+                continue
+            out.append(ScoredTrajectory(prompt=prompt, response=content, score=score, index=i, group_id=gid,
+                                        logged=logged))
+            continue
         try:
+            require_fields(raw, rec, SCORED_REQUIRED, columns, SCORED_FIELDS)
             # a text may be empty when its token ids are given (e.g. a sampled response that is only EOS)
             prompt = check_text_or_messages(rec.get("prompt"), "prompt", max_text_chars,
                                             allow_empty=rec.get("prompt_ids") is not None)
@@ -160,7 +205,7 @@ def _conversational(prompt: Text, response: Text, name: str) -> tuple[Text, Text
     return check_prompt(prompt), as_response(response, name)
 
 
-PreferenceFormat = Literal["auto", "explicit", "hh"]
+PreferenceFormat = Literal["auto", "explicit", "hh", "ranking"]
 
 
 def looks_like(rec: Mapping[str, Any]) -> str | None:
@@ -180,33 +225,67 @@ def looks_like(rec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def auto_format(rec: Mapping[str, Any]) -> str:
+    """The reading of ``data.preference_format=auto`` for a (column-mapped) row: ``"ranking"`` when it has
+    ``completions`` and no ``chosen`` (:mod:`jaxppo.data.rankings`); ``"explicit"`` when it has a ``prompt``;
+    ``"hh"`` when ``chosen`` or ``rejected`` is an HH-RLHF dialogue (holds ``"\\n\\nAssistant:"``) or a list of
+    chat messages (TRL's implicit-prompt conversational form); ``"explicit"`` otherwise (plain answers), so that a
+    row whose prompt column is only misnamed is reported as a missing ``prompt`` (with the columns it has), not as
+    a broken dialogue."""
+    if rec.get("completions") is not None and rec.get("chosen") is None:
+        return "ranking"
+    if rec.get("prompt") is not None:
+        return "explicit"
+    for t in (rec.get("chosen"), rec.get("rejected")):
+        if isinstance(t, str) and hh.ASSISTANT in t:
+            return "hh"
+        if isinstance(t, (list, tuple, np.ndarray)):
+            return "hh"
+    return "explicit"
+
+
 _FORMAT_NAMES = {"explicit": "explicit prompt/chosen/rejected rows (TRL's explicit-prompt form)",
                  "hh": "implicit-prompt rows (HH-RLHF dialogues or whole conversations in chosen/rejected)"}
 
 
 def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mapping[str, str] | None = None,
                         max_text_chars: int = 100_000, report: DataReport | None = None,
-                        preference_format: PreferenceFormat = "auto") -> list[PreferencePair]:
+                        preference_format: PreferenceFormat = "auto", ties: str = "drop") -> list[PreferencePair]:
     """Usable preference pairs of ``records``; every other row is counted in ``report``.
 
     ``preference_format``: ``"explicit"`` rows have ``prompt``/``chosen``/``rejected`` (responses);
     ``"hh"`` (implicit prompt) rows have only ``chosen``/``rejected``: HH-RLHF dialogue strings split by
     :func:`hh.split_pair`, or two conversations split by
-    :func:`~jaxppo.data.conversation.split_implicit`; ``"auto"`` uses explicit rows when the (mapped)
-    row has a ``prompt`` key, implicit otherwise. Any text field may be a string or a list of chat
+    :func:`~jaxppo.data.conversation.split_implicit`; ``"auto"`` reads each row as :func:`auto_format` says
+    (implicit only when the answers are dialogues or multi-message conversations). A missing column is
+    ``missing_field`` with the row's columns and the ``data.columns.<field>=<column>`` to set
+    (:func:`require_fields`). Any text field may be a string or a list of chat
     messages (see :mod:`jaxppo.data.conversation`).
     """
     columns = dict(columns or {})
     check_columns(columns, "preference")
     report = report if report is not None else DataReport()
-    out = []
+    out: list[PreferencePair] = []
+    n_rank_rows = 0
     for i, raw in enumerate(records):
         report.rows_seen += 1
         rec = map_columns(raw, columns)
-        fmt = preference_format
-        if fmt == "auto":
-            fmt = "explicit" if rec.get("prompt") is not None else "hh"
+        fmt = auto_format(rec) if preference_format == "auto" else preference_format
+        if fmt == "ranking":
+            try:
+                require_fields(raw, rec, (("prompt",), ("completions",)), columns, PREFERENCE_FIELDS + RANKING_FIELDS)
+                made = ranking_pairs(rec, i, len(out), columns=columns, max_text_chars=max_text_chars, ties=ties,
+                                     report=report)
+            except _Bad as bad:
+                report.skip(bad.reason, f"row {i}: {bad.message}")
+                continue
+            n_rank_rows += 1
+            report.rows_seen += len(made) - 1
+            out.extend(made)
+            continue
         try:
+            require_fields(raw, rec, (("chosen",), ("rejected",)) + ((("prompt",),) if fmt == "explicit" else ()),
+                           columns, PREFERENCE_FIELDS)
             chosen = check_text_or_messages(rec.get("chosen"), "chosen", max_text_chars)
             rejected = check_text_or_messages(rec.get("rejected"), "rejected", max_text_chars)
             if fmt == "explicit":
@@ -234,6 +313,12 @@ def validate_preference(records: Iterable[Mapping[str, Any]], *, columns: Mappin
             report.skip(bad.reason, f"row {i}: {bad.message}")
             continue
         out.append(PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, index=i))
+    if n_rank_rows:
+        n_made = sum(1 for p in out if p.source is not None)
+        if n_made < len(out):
+            raise DataError(f"dataset {report.source or '<memory>'} mixes ranking rows (completions) with "
+                            "chosen/rejected rows: give one format per file (data.preference_format)")
+        report.notes["rankings"] = f"{n_rank_rows} ranking rows -> {n_made} pairs (data.ties={ties})"
     report.rows_kept = len(out)
     return out
 

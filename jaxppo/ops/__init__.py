@@ -4,13 +4,14 @@ Every function is jittable; docstrings give the formulas. Modules: ``advantages`
 ``logits`` (entropy, log-probs), ``kl`` (estimators, the adaptive KL coefficient), ``losses`` (aggregation, policy and value
 losses), ``importance`` (behaviour importance weights), ``group_advantages`` (critic-free estimators and the
 ``ADVANTAGE_ESTIMATORS`` registry), ``priorities`` (replay priorities, the ``PRIORITIES`` registry), ``rollout_correction``
-(verl's rollout IS weights, rejection masks, off-policy diagnostics), ``dpo`` (DPO-family losses), ``constants``
+(verl's rollout IS weights, rejection masks, off-policy diagnostics), ``dpo`` (DPO-family losses), ``kto`` (KTO on unpaired feedback), ``constants``
 (``LOG_RATIO_CLAMP``, shared by ``kl``, ``losses`` and ``importance``; not exported, like the other
 constants).
 """
 
 from jaxppo.ops.advantages import gae
 from jaxppo.ops.dpo import dpo_loss, rpo_nll
+from jaxppo.ops.kto import kto_loss, kto_mismatched_order, kto_pair_loss, kto_reference_point
 from jaxppo.ops.group_advantages import (ADVANTAGE_ESTIMATORS, AdvantageEstimator, AdvantageHParams, grpo_advantages,
                                          reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages)
 from jaxppo.ops.importance import importance_weights
@@ -35,6 +36,10 @@ __all__ = [
     "grpo_advantages",
     "importance_weights",
     "kl_penalty",
+    "kto_loss",
+    "kto_mismatched_order",
+    "kto_pair_loss",
+    "kto_reference_point",
     "logprobs_from_logits",
     "masked_mean",
     "masked_whiten",

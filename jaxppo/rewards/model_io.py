@@ -54,6 +54,23 @@ def save_reward_model(model: Any, out_dir: str | Path, *, tokenizer: Any = None,
     return out
 
 
+def check_reward_model_dir(path: str | Path | None, key: str = "reward.model_path") -> Path:
+    """The folder ``path`` (``key`` in the config) when it holds a reward model (``config.json``, the weights and
+    ``reward_config.json``); FileNotFoundError / ValueError naming ``key`` and what is missing otherwise. Reads no
+    weights: the commands call it before loading any data."""
+    if not path:
+        raise ValueError(f"{key} is not set: give the folder written by `python -m jaxppo.reward train`")
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"{key}={path}: no such folder (relative paths are resolved from {Path.cwd()}; "
+                                "write one with `python -m jaxppo.reward train`)")
+    for name in ("config.json", WEIGHTS, META):
+        if not (root / name).is_file():
+            raise FileNotFoundError(f"{root} is not a reward-model folder: {name} is missing "
+                                    "(write one with `python -m jaxppo.reward train`)")
+    return root
+
+
 def load_reward_model(path: str | Path) -> tuple[Any, dict]:
     """``(RewardModel, reward_config dict)`` from a folder written by :func:`save_reward_model`.
 
@@ -63,11 +80,7 @@ def load_reward_model(path: str | Path) -> tuple[Any, dict]:
 
     from jaxppo.models import LMConfig, RewardModel
 
-    root = Path(path)
-    for name in ("config.json", WEIGHTS, META):
-        if not (root / name).is_file():
-            raise FileNotFoundError(f"{root} is not a reward-model folder: {name} is missing "
-                                    "(write one with `python -m jaxppo.reward train`)")
+    root = check_reward_model_dir(path)
     meta = json.loads((root / META).read_text(encoding="utf-8"))
     cfg = LMConfig.from_hf(json.loads((root / "config.json").read_text(encoding="utf-8")),
                            scan_layers=bool(meta.get("scan_layers", True)))

@@ -6,7 +6,9 @@ scores ``r = RM(concat(prompt, response))``. For a pair (chosen ``c``, rejected 
     P(c ≻ j) = σ(r_c − r_j),   loss = mean_i w_i · (−log σ(r_c,i − r_j,i)) / mean_i w_i
 
 (``−log σ(d) = softplus(−d)``), with ``w_i`` = 0 for padding rows of the last batch. Accuracy is
-the share of pairs with ``r_c > r_j``. The split into train and held-out pairs is **by prompt**
+the share of pairs with ``r_c > r_j``; its 95% interval is a bootstrap over held-out **prompts**
+(:func:`grouped_bootstrap_accuracy`), printed beside the accuracies of "pick the shorter answer" and "pick the
+longer answer", with a warning under :data:`MIN_EVAL_PROMPTS` held-out prompts. The split into train and held-out pairs is **by prompt**
 (no prompt on both sides), the optimizer optax AdamW with gradient clipping.
 """
 
@@ -25,7 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxppo.data.pipeline import load_rows, prompt_groups, split_by_group, tokenize_rows
+from jaxppo.data.pipeline import load_preference_arrays, split_by_group
 from jaxppo.data.report import DataReport
 from jaxppo.parallel.host import host_scalar, is_main_process
 from jaxppo.rewards.model_io import save_reward_model
@@ -143,11 +145,63 @@ def evaluate(eval_step: Callable, params: Any, arrays: dict[str, np.ndarray], ro
     return {k: v / n for k, v in tot.items()}
 
 
-def length_baseline_accuracy(arrays: dict[str, np.ndarray], rows: np.ndarray) -> float:
-    """Share of ``rows`` where the chosen response has fewer tokens (ties count ½): a trivial baseline."""
+def length_baseline_accuracy(arrays: dict[str, np.ndarray], rows: np.ndarray, *, longer: bool = False) -> float:
+    """Share of ``rows`` where the chosen response has fewer tokens (``longer``: more tokens), ties counting ½: the
+    accuracy of the trivial "pick the shorter (longer) answer" rules; the two add up to 1."""
     lc = arrays["chosen_mask"][rows].sum(1)
     lr = arrays["rejected_mask"][rows].sum(1)
-    return float(np.mean((lc < lr) + 0.5 * (lc == lr))) if len(rows) else float("nan")
+    wins = (lc > lr) if longer else (lc < lr)
+    return float(np.mean(wins + 0.5 * (lc == lr))) if len(rows) else float("nan")
+
+
+# fewer held-out prompts than this: the accuracy is printed with a warning that it is a small sample
+MIN_EVAL_PROMPTS = 30
+
+
+def grouped_bootstrap_accuracy(correct: np.ndarray, groups: np.ndarray, *, n_boot: int = 2000, seed: int = 0,
+                               level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the pair accuracy ``Σ correct / n`` resampling **prompts** (``groups``),
+    not pairs: each resample draws the distinct groups with replacement and takes ``Σ_g c_g / Σ_g n_g`` over the
+    drawn groups (``c_g`` correct pairs of ``n_g`` in group ``g``), so pairs of one prompt stay together. ``correct``
+    may hold ½ for ties. One group gives the point ``(acc, acc)``."""
+    correct = np.asarray(correct, np.float64)
+    groups = np.asarray(groups)
+    if correct.ndim != 1 or correct.shape != groups.shape or correct.size == 0:
+        raise ValueError(f"correct and groups must be non-empty 1-D arrays of one length, got shapes "
+                         f"{correct.shape}, {groups.shape}")
+    if not 0.0 < level < 1.0 or n_boot < 1:
+        raise ValueError(f"level must be in (0, 1) and n_boot >= 1, got {level}, {n_boot}")
+    _, inv = np.unique(groups, return_inverse=True)
+    c = np.bincount(inv, weights=correct)
+    n = np.bincount(inv).astype(np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(n), size=(n_boot, len(n)))
+    acc = c[idx].sum(1) / n[idx].sum(1)
+    lo, hi = np.quantile(acc, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
+def make_margin_step(graphdef: Any):
+    """Jitted ``(params, batch) -> r_chosen − r_rejected`` [B] of one batch."""
+
+    @jax.jit
+    def margins(params, batch):
+        rc, rj = pair_scores(nnx.merge(graphdef, params), batch)
+        return rc - rj
+
+    return margins
+
+
+def pair_margins(margin_step: Callable, params: Any, arrays: dict[str, np.ndarray], rows: np.ndarray,
+                 batch_size: int) -> np.ndarray:
+    """``r_chosen − r_rejected`` [len(rows)] float32 of each pair of ``rows`` (``margin_step`` from
+    :func:`make_margin_step`)."""
+    if len(rows) == 0:
+        return np.zeros(0, np.float32)
+    out = []
+    for batch in iterate_batches(arrays, rows, min(batch_size, len(rows))):
+        m = np.asarray(jax.device_get(margin_step(params, batch)), np.float32)
+        out.append(m[batch["weight"] > 0])
+    return np.concatenate(out)
 
 
 @dataclasses.dataclass
@@ -175,10 +229,8 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     model_path = resolve_path(cfg.model.path)
     tok_path = resolve_path(cfg.model.tokenizer_path) if cfg.model.tokenizer_path else model_path
     tokenizer = load_tokenizer(tok_path)
-    loaded = load_rows(cfg.data)
-    arrays = tokenize_rows(loaded, tokenizer, cfg.data)
-    report = loaded.report
-    groups = prompt_groups(loaded, arrays)
+    got = load_preference_arrays(cfg.data, tokenizer, model_path)   # the filters of dpo and to-scored
+    arrays, report, groups = got.arrays, got.report, got.prompt_group
     train_rows, eval_rows = split_by_group(groups.tolist(), cfg.data.eval_fraction, cfg.data.seed)  # as DPO
     if len(train_rows) == 0:
         raise ValueError("no training pairs left after the by-prompt split; lower data.eval_fraction")
@@ -225,14 +277,30 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     train_s = time.perf_counter() - t_train
     model = nnx.merge(graphdef, params)
     last = history[-1]
+    n_eval_prompts = len(set(groups[eval_rows].tolist()))
+    ci = [float("nan"), float("nan")]
+    if len(eval_rows):
+        margins = pair_margins(make_margin_step(graphdef), params, arrays, eval_rows, ev_bs)
+        ci = list(grouped_bootstrap_accuracy((margins > 0).astype(np.float64), groups[eval_rows],
+                                             seed=cfg.data.seed))
+    warnings = []
+    if n_eval_prompts < MIN_EVAL_PROMPTS:
+        warnings.append(f"warning: the held-out accuracy comes from {len(eval_rows)} pairs of {n_eval_prompts} "
+                        f"prompts (< {MIN_EVAL_PROMPTS}): a small sample, read its interval; more prompts with a "
+                        "larger data.eval_fraction or more data")
+    for w in warnings:
+        logger.warning(w)
     metrics: dict[str, Any] = {
         "eval/accuracy": last["eval/accuracy"], "eval/loss": last["eval/loss"], "eval/margin": last["eval/margin"],
+        "eval/accuracy_ci95": ci,
         "eval/accuracy_init": init_eval["accuracy"],
         "eval/length_baseline_accuracy": length_baseline_accuracy(arrays, eval_rows),
+        "eval/longer_baseline_accuracy": length_baseline_accuracy(arrays, eval_rows, longer=True),
+        "warnings": warnings,
         "train/loss": last["train/loss"], "train/accuracy": last["train/accuracy"],
         "n_pairs": int(len(arrays["index"])), "n_train_pairs": int(len(train_rows)),
         "n_eval_pairs": int(len(eval_rows)),
-        "n_train_prompts": len(set(groups[train_rows].tolist())), "n_eval_prompts": len(set(groups[eval_rows].tolist())),
+        "n_train_prompts": len(set(groups[train_rows].tolist())), "n_eval_prompts": n_eval_prompts,
         "epochs": cfg.reward.epochs, "steps": n_steps,
         "time/train_s": train_s, "time/total_s": time.perf_counter() - t0,
         **report.flat_metrics(), "data_report": report.to_dict(), "history": history,

@@ -3,13 +3,17 @@
 - :func:`score_dataset`: loads ``reward.model_path`` and scores ``data.path``: for ``data.schema=preference``
   the accuracy on all usable pairs, for ``scored`` data a score per (prompt, response) and, when the rows carry a
   score, the correlation with it. Writes ``trainer.output_dir/scores.jsonl`` and ``score_metrics.json``.
-- :func:`preference_to_scored`: turns the preference pairs of ``data.path`` into a training-ready **scored**
-  dataset ``trainer.output_dir/scored.jsonl``: two rows per pair (chosen, then rejected) with ``prompt``,
-  ``response``, ``score``, ``group_id`` (the pair's source row, so the two answers form a group), ``label`` (True
-  for the chosen answer) and ``pair_index``, and **no** behaviour log-probs. The score is the reward model's
-  (``reward.model_path`` set) or, without a reward model, the label (chosen 1.0, rejected 0.0). Text fields keep
-  their form (strings, or chat messages rendered by the policy's chat template at training time). Also writes
-  ``to_scored_metrics.json``.
+- :func:`preference_to_scored`: turns the preference pairs of ``data.path`` into a training-ready **scored** dataset
+  ``trainer.output_dir/scored.jsonl``. The pairs pass the filter of ``reward train`` and ``jaxppo.dpo``
+  (:func:`jaxppo.data.pipeline.load_preference_arrays`, with the policy's tokenizer and the ``data.*`` lengths), so
+  a pair they skip is not written. Each distinct (prompt, response) is written **once**
+  (:mod:`jaxppo.data.answers`): ``prompt``, ``response``, ``score``, ``group_id`` (per prompt, so the answers to
+  one prompt form a group and a by-group split holds out the prompts DPO holds out), ``wins``, ``losses``, ``ties``
+  and ``source_rows``, and **no** behaviour log-probs. The score is the reward model's (``reward.model_path`` set)
+  or, without a reward model, the answer's win rate over its pairs (only ever chosen 1.0, only ever rejected 0.0).
+  Text fields keep their form: strings stay strings, chat messages stay lists of messages (prompt messages; the
+  response as its assistant message), so the policy's own chat template renders them at training time. Also
+  writes ``to_scored_metrics.json``; the data report (every skip and truncation) is printed.
 
 Conversational data (chat messages) is rendered with the reward model's saved tokenizer and its chat template
 (see :mod:`jaxppo.data.conversation`).
@@ -26,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxppo.config import Config
-from jaxppo.data.conversation import Text, to_json
+from jaxppo.data.conversation import Text
 from jaxppo.data.report import RowSkip
 from jaxppo.data.schemas import PreferencePair
 from jaxppo.data.tokenize import encode_rows, fit_prompt, fit_response, left_pad, pad_id_of, right_pad
@@ -122,39 +126,65 @@ def score_dataset(cfg: Config) -> dict:
 SCORED_FILE = "scored.jsonl"
 
 
-def scored_records(pairs: Sequence[PreferencePair], r_chosen: np.ndarray, r_rejected: np.ndarray) -> list[dict]:
-    """Two scored rows per pair, chosen then rejected: ``prompt``, ``response``, ``score``, ``group_id``
-    (= ``pair_index``, the pair's source row), ``label`` (True for chosen), ``pair_index``; text fields
-    in their JSON form (strings, or lists of ``{"role", "content"}`` messages)."""
-    out = []
-    for p, a, b in zip(pairs, r_chosen, r_rejected):
-        for response, score, label in ((p.chosen, a, True), (p.rejected, b, False)):
-            out.append({"prompt": to_json(p.prompt), "response": to_json(response), "score": float(score),
-                        "group_id": int(p.index), "label": label, "pair_index": int(p.index)})
-    return out
+def scored_records(pairs: Sequence[PreferencePair], r_chosen: np.ndarray | None = None,
+                   r_rejected: np.ndarray | None = None) -> tuple[list[dict], str]:
+    """``(rows, score source)``: one scored row per distinct ``(prompt, response)`` of ``pairs``
+    (:class:`~jaxppo.data.answers.AnswerTable`) with ``prompt``, ``response``, ``score``, ``group_id`` (per prompt,
+    dense in order of first appearance), ``wins``, ``losses``, ``ties`` and ``source_rows``. The score is, in this
+    order: the reward model's (``r_chosen``/``r_rejected`` [N], one per pair; the same text always gets the same
+    reward) -> ``"reward_model"``; the answers' ratings when every pair carries them (ranking rows with scores) ->
+    ``"rating"``; else the win rate ``(wins + ties / 2) / (wins + losses + ties)`` -> ``"win_rate"`` (an answer only
+    ever chosen scores 1, only ever rejected 0). A kept tie (two pairs, both orders) counts once, as a tie."""
+    from jaxppo.data.answers import AnswerTable
+
+    table = AnswerTable()
+    if r_chosen is not None and r_rejected is not None:
+        source = "reward_model"
+        sc, sr = [float(x) for x in r_chosen], [float(x) for x in r_rejected]
+    elif pairs and all(p.chosen_score is not None and p.rejected_score is not None for p in pairs):
+        source = "rating"
+        sc, sr = [p.chosen_score for p in pairs], [p.rejected_score for p in pairs]
+    else:
+        source = "win_rate"
+        sc = sr = [None] * len(pairs)
+    seen_ties = set()
+    for p, a, b in zip(pairs, sc, sr):
+        if p.tie:
+            key = (p.row, frozenset((p.chosen, p.rejected)))
+            if key in seen_ties:
+                continue
+            seen_ties.add(key)
+        table.add_pair(p.prompt, p.chosen, p.rejected, p.row, tie=p.tie, score_chosen=a, score_rejected=b)
+    return table.records("win_rate" if source == "win_rate" else "given"), source
 
 
 def preference_to_scored(cfg: Config) -> dict:
     """Write ``trainer.output_dir/scored.jsonl`` from the preference pairs ``cfg.data`` (see the module
-    docstring); returns the metrics (also written to ``to_scored_metrics.json``)."""
-    from jaxppo.data.pipeline import load_rows
+    docstring); returns the metrics (also written to ``to_scored_metrics.json``) with the data report in
+    ``data_report``.
+
+    The pairs go through :func:`jaxppo.data.pipeline.load_preference_arrays` with the policy's tokenizer
+    (``model.tokenizer_path`` or ``model.path``) and ``data.*`` lengths, the filter of ``reward train`` and
+    ``jaxppo.dpo``: a pair they skip is not written."""
+    from jaxppo.data.pipeline import load_preference_arrays
+    from jaxppo.hf import load_tokenizer
+    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
 
     if cfg.data.schema != "preference":
         raise ValueError(f"to-scored reads preference pairs: set data.schema=preference (got {cfg.data.schema!r})")
     t0 = time.perf_counter()
     scorer = None
     if cfg.reward.model_path:
-        from jaxppo.hf.paths import resolve_model_path
         from jaxppo.rewards.model_io import load_reward_scorer
 
         scorer = load_reward_scorer(resolve_model_path(cfg.reward.model_path), batch_size=cfg.reward.eval_batch_size)
-    loaded = load_rows(cfg.data)
-    rows = loaded.rows
+    got = load_preference_arrays(cfg.data, load_tokenizer(tokenizer_path(cfg.model)),
+                                 resolve_model_path(cfg.model.path))
+    rows, report = got.pairs, got.report
+    rc = rj = None
     if scorer is not None:
-        rows, rc, rj = score_pairs(scorer, rows, loaded.report)
-    else:
-        rc, rj = np.ones(len(rows), np.float32), np.zeros(len(rows), np.float32)
-    records = scored_records(rows, rc, rj)
+        rows, rc, rj = score_pairs(scorer, rows, report)
+    records, source = scored_records(rows, rc, rj)
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if is_main_process():   # several processes: every one scored the same rows, process 0 writes
@@ -164,16 +194,17 @@ def preference_to_scored(cfg: Config) -> dict:
                 fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
         tmp.replace(out / SCORED_FILE)
     metrics: dict = {"data": cfg.data.path, "output": str(out / SCORED_FILE),
-                     "score_source": "reward_model" if scorer is not None else "label",
+                     "score_source": source,
                      "model_path": cfg.reward.model_path, "n_pairs": len(rows), "n_rows": len(records),
+                     "n_prompts": len({r["group_id"] for r in records}),
                      "behaviour_logprobs": "absent: the trainer computes them with the reference policy "
                                            "(pi_prox/mu = pi_prox/pi_ref)"}
     if scorer is not None:
+        scores = np.array([r["score"] for r in records], np.float32)
         metrics.update({"accuracy": float(np.mean(rc > rj)), "margin": float(np.mean(rc - rj)),
-                        "score_mean": float(np.concatenate([rc, rj]).mean()),
-                        "score_std": float(np.concatenate([rc, rj]).std())})
-    metrics.update(loaded.report.flat_metrics())
-    metrics["data_report"] = loaded.report.to_dict()
+                        "score_mean": float(scores.mean()), "score_std": float(scores.std())})
+    metrics.update(report.flat_metrics())
+    metrics["data_report"] = report.to_dict()
     metrics["time_s"] = time.perf_counter() - t0
     if is_main_process():
         (out / "to_scored_metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")

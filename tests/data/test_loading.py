@@ -94,3 +94,14 @@ def test_hub_name_offline_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DataError, match="HF hub.*cannot be reached"):
         read_records("someone/surely-not-a-cached-dataset", cache_dir=str(tmp_path / "cache"))
+
+
+def test_a_json_array_file_counts_only_its_non_object_items(tmp_path):
+    from jaxppo.data.loading import read_json_strict
+    from jaxppo.data.report import DataReport
+
+    path = tmp_path / "rows.json"
+    path.write_text('[{"prompt": "a"}, 3, {"prompt": "b"}]', encoding="utf-8")
+    rep = DataReport()
+    assert read_json_strict(path, rep) == [{"prompt": "a"}, {"prompt": "b"}]
+    assert rep.skipped == {"invalid_json": 1} and rep.rows_seen == 1 and "item 1" in rep.examples["invalid_json"][0]

@@ -95,7 +95,37 @@ def test_preference_arrays(char_tok):
     np.testing.assert_array_equal(out["chosen_mask"], [[1, 1, 0]])
     np.testing.assert_array_equal(out["rejected_ids"], [[7, 0, 0]])
     np.testing.assert_array_equal(out["rejected_mask"], [[1, 0, 0]])
-    assert rep.skipped == {"identical_pair": 1}  # "xyzw" and "xyzq" agree in their first 3 tokens
+    assert rep.skipped == {"identical_after_truncation": 1}  # "xyzw" and "xyzq" agree in their first 3 tokens
+    assert "data.max_response_length=3" in rep.examples["identical_after_truncation"][0]
+    assert rep.fitted == {"prompt": 1, "chosen": 1, "rejected": 1} and rep.truncated == {}
+
+
+def test_texts_that_tokenize_alike_are_an_identical_pair_not_a_truncation(char_tok):
+    # the character tokenizer drops '!' and digits: "ab!" and "ab1" are the same two tokens, nothing cut
+    rep = DataReport()
+    tokenize_preference([PreferencePair("p", "ab!", "ab1", 0), PreferencePair("p", "ab", "abc", 1)], char_tok,
+                        max_prompt_length=4, max_response_length=4, report=rep)
+    assert rep.skipped == {"identical_pair": 1} and rep.rows_kept == 1
+
+
+def test_truncation_warning_names_the_key_above_the_stated_share(char_tok):
+    from jaxppo.data.report import TRUNCATION_WARN_SHARE
+
+    assert TRUNCATION_WARN_SHARE == 0.1
+    # 10 responses, 2 longer than 3 tokens: 20% > 10% -> a warning; 1 of 10 (10%, not above) -> none
+    for n_long, warned in ((2, True), (1, False)):
+        rows = [row("a", "bcdefg" if i < n_long else "bc", i=i) for i in range(10)]
+        rep = DataReport()
+        tokenize_scored(rows, char_tok, max_prompt_length=3, max_response_length=3, report=rep)
+        assert rep.fitted == {"prompt": 10, "response": 10}
+        assert rep.truncated.get("response", 0) == n_long and rep.tokens_dropped.get("response", 0) == 3 * n_long
+        w = rep.warnings()
+        assert bool(w) == warned
+        if warned:
+            assert w == ["warning: 2 of 10 response texts (20% > 10%) were truncated to data.max_response_length=3 "
+                         "(6 tokens cut): raise data.max_response_length to keep them whole"]
+            assert w[0] in rep.summary() and "truncated      2 of 10 response" in rep.summary()
+            assert DataReport.from_dict(rep.to_dict()).summary() == rep.summary()
 
 
 def test_real_tokenizer_fixed_shapes(stories_tokenizer):

@@ -18,9 +18,9 @@ def _scored(bad_row, **kw):
 
 
 @pytest.mark.parametrize("bad,reason,needle", [
-    ({"prompt": "a", "score": 1.0}, "missing_field", "'response' is missing"),
+    ({"prompt": "a", "score": 1.0}, "missing_field", "'response' (or 'completion') is missing"),
     ({"prompt": "a", "response": None, "score": 1.0}, "missing_field", "'response' is missing"),
-    ({"prompt": "a", "response": "b"}, "missing_field", "'score' is missing"),
+    ({"prompt": "a", "response": "b"}, "missing_field", "'score' (or 'label') is missing"),
     ({"prompt": 5, "response": "b", "score": 1.0}, "not_a_string",
      "'prompt' must be a string or a list of chat messages, got int"),
     ({"prompt": {"role": "user"}, "response": "b", "score": 1.0}, "not_a_string", "got dict"),
@@ -164,4 +164,59 @@ def test_a_bad_row_of_the_right_format_keeps_its_own_reason():
     rep = DataReport()
     validate_preference([{"chosen": "\n\nHuman: a\n\nAssistant: b", "rejected": "no turns"}], report=rep,
                         preference_format="hh")
+    assert rep.skipped == {"no_assistant_turn": 1}
+
+
+@pytest.mark.parametrize("row,columns,needle", [
+    # one spare column: named in the fix
+    ({"question": "q", "response": "r", "score": 1.0}, {},
+     "'prompt' is missing (the row's columns: question, response, score); if the data names it otherwise, "
+     "set data.columns.prompt=question"),
+    # a mapped column is no candidate
+    ({"q": "q", "a": "r", "score": 1.0}, {"prompt": "q"},
+     "'response' (or 'completion') is missing (the row's columns: q, a, score); if the data names it otherwise, "
+     "set data.columns.response=a"),
+    # several spare columns: all offered
+    ({"prompt": "p", "answer": "r", "stars": 4}, {},
+     "set data.columns.response=<column> (one of answer, stars?)"),
+    ({"prompt": "p", "response": "r"}, {}, "'score' (or 'label') is missing (the row's columns: prompt, response); "
+                                           "if the data names it otherwise, set data.columns.score=<column>"),
+])
+def test_a_missing_column_lists_the_columns_and_the_key_to_set(row, columns, needle):
+    rep = DataReport()
+    assert validate_scored([row], columns=columns, report=rep) == []
+    assert rep.skipped == {"missing_field": 1} and needle in rep.examples["missing_field"][0]
+
+
+def test_a_pairs_file_read_as_scored_rows_points_to_to_scored():
+    rep = DataReport()
+    validate_scored([{"prompt": "p", "chosen": "a", "rejected": "b"}] * 3, report=rep)
+    with pytest.raises(DataError, match="preference pair; turn pairs into scored rows with "
+                                        "`python -m jaxppo.reward to-scored`"):
+        require_rows([], rep)
+
+
+@pytest.mark.parametrize("fmt", ["auto", "explicit"])
+def test_a_misnamed_prompt_column_is_a_missing_prompt_not_a_broken_dialogue(fmt):
+    rep = DataReport()
+    rows = [{"question": f"q{i}", "chosen": "good", "rejected": "bad"} for i in range(3)]
+    assert validate_preference(rows, report=rep, preference_format=fmt) == []
+    assert rep.skipped == {"missing_field": 3}
+    assert "set data.columns.prompt=question" in rep.examples["missing_field"][0]
+    # with the mapping the rows are read
+    assert len(validate_preference(rows, columns={"prompt": "question"}, preference_format=fmt)) == 3
+
+
+def test_auto_still_reads_dialogues_and_reports_their_own_faults():
+    from jaxppo.data.validation import auto_format
+
+    dialogue = "\n\nHuman: hi\n\nAssistant: a"
+    assert auto_format({"chosen": dialogue, "rejected": dialogue + "b"}) == "hh"
+    assert auto_format({"chosen": dialogue, "rejected": "no turn"}) == "hh"      # one dialogue is enough
+    assert auto_format({"chosen": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+                        "rejected": "z"}) == "hh"
+    assert auto_format({"chosen": "a", "rejected": "b"}) == "explicit"
+    assert auto_format({"prompt": "p", "chosen": dialogue, "rejected": dialogue}) == "explicit"
+    rep = DataReport()
+    validate_preference([{"chosen": dialogue, "rejected": "no turn"}], report=rep)
     assert rep.skipped == {"no_assistant_turn": 1}

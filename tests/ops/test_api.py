@@ -8,7 +8,8 @@ DESIGN_NAMES = {"gae", "masked_mean", "masked_whiten", "entropy_from_logits", "l
 ESTIMATORS = {"grpo_advantages", "rloo_advantages", "reinforce_pp_advantages", "reinforce_pp_baseline_advantages"}
 PRIORITIES = {"priority_abs_advantage", "priority_group_variance", "priority_td_error"}
 ROLLOUT_CORRECTION = {"rollout_correction_weights", "rejection_mask", "offpolicy_metrics"}
-DPO = {"dpo_loss", "rpo_nll"}
+DPO = {"dpo_loss", "rpo_nll", "kto_loss", "kto_mismatched_order", "kto_pair_loss",
+       "kto_reference_point"}
 # registries and records (not functions)
 DATA = {"ADVANTAGE_ESTIMATORS", "AdvantageEstimator", "AdvantageHParams", "PRIORITIES", "Priority"}
 

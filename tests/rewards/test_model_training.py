@@ -178,6 +178,12 @@ def test_training_learns_an_easy_signal_and_writes_metrics(trained):
     for reason in ("identical_pair", "missing_field", "not_a_string"):
         assert m[f"data/skipped/{reason}"] == 1
     assert m["history"][-1]["eval/accuracy"] == m["eval/accuracy"]
+    lo, hi = m["eval/accuracy_ci95"]
+    assert 0.0 <= lo <= m["eval/accuracy"] <= hi <= 1.0
+    assert m["eval/length_baseline_accuracy"] + m["eval/longer_baseline_accuracy"] == pytest.approx(1.0)
+    assert m["n_eval_prompts"] == 24 and m["warnings"] == [   # 24 < MIN_EVAL_PROMPTS = 30
+        "warning: the held-out accuracy comes from 24 pairs of 24 prompts (< 30): a small sample, read its interval; "
+        "more prompts with a larger data.eval_fraction or more data"]
     assert m["train/loss"] < math.log(2)
 
 
@@ -235,6 +241,21 @@ def test_cli_score_on_preference_and_scored_data(trained, tmp_path, capsys):
     m = json.loads((tmp_path / "s2" / "score_metrics.json").read_text())
     assert m["n_rows"] == 4 and m["data/skipped/empty_text"] == 1
     assert m["pearson_with_score"] > 0.5
+
+
+def test_cli_train_prints_the_report_the_interval_both_baselines_and_the_warning(trained, tmp_path, capsys):
+    from jaxppo.reward import main
+
+    cfg_file, _, _ = trained
+    assert main(["train", "--config", str(cfg_file), "reward.epochs=1", f"trainer.output_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    lo, hi = m["eval/accuracy_ci95"]
+    assert "kept 96 of 99 rows, skipped 3" in out
+    assert f"eval/accuracy {m['eval/accuracy']:.4f} [95% interval over prompts {lo:.4f}, {hi:.4f}] on 24" in out
+    assert (f"pick-the-shorter-answer {m['eval/length_baseline_accuracy']:.4f}, "
+            f"pick-the-longer-answer {m['eval/longer_baseline_accuracy']:.4f}") in out
+    assert "warning: the held-out accuracy comes from 24 pairs of 24 prompts (< 30)" in out
 
 
 def test_cli_errors_are_clear(trained, tmp_path, capsys):
@@ -352,27 +373,31 @@ def test_to_scored_label_mode_on_hh_pairs_then_reference_logprobs(hh, shared_dir
     root, cfg, rows = hh
     out = tmp_path / "label"
     assert main(["to-scored", "--config", str(cfg), f"trainer.output_dir={out}"]) == 0
-    assert "label scores (chosen 1, rejected 0" in capsys.readouterr().out
+    console = capsys.readouterr().out
+    assert "win-rate scores (wins / pairs" in console and "data " in console and "kept " in console
     m = json.loads((out / "to_scored_metrics.json").read_text())
-    assert m["score_source"] == "label" and m["n_pairs"] == 40 and m["n_rows"] == 80
     recs = _read_jsonl(out / "scored.jsonl")
-    assert len(recs) == 80 and not any("behaviour_logprobs" in r for r in recs)
-    for k, r in enumerate(rows):  # chosen row then rejected row: prompt + response is the original dialogue
-        c, j = recs[2 * k], recs[2 * k + 1]
-        assert (c["score"], c["label"], j["score"], j["label"]) == (1.0, True, 0.0, False)
-        assert c["group_id"] == j["group_id"] == c["pair_index"] == k
-        assert c["prompt"] + c["response"] == r["chosen"] and j["prompt"] + j["response"] == r["rejected"]
+    assert m["score_source"] == "win_rate" and m["n_pairs"] == m["data/rows_kept"] and m["n_rows"] == len(recs)
+    assert not any("behaviour_logprobs" in r for r in recs)
+    assert len({(r["prompt"], r["response"]) for r in recs}) == len(recs)   # each answer once
+    groups = {}
+    for r in recs:   # prompt + response is the chosen or rejected dialogue of each pair it came from
+        assert r["score"] == r["wins"] / (r["wins"] + r["losses"])
+        assert groups.setdefault(r["prompt"], r["group_id"]) == r["group_id"]
+        for i in r["source_rows"]:
+            assert r["prompt"] + r["response"] == (rows[i]["chosen"] if r["wins"] else rows[i]["rejected"])
+    assert sorted(groups.values()) == list(range(len(groups)))   # one dense id per prompt
+    n = len(recs)
 
     model_dir = shared_dir / "models" / "stories260K"
     tok = load_tokenizer(model_dir)
     dc = DataConfig(path=str(out / "scored.jsonl"), schema="scored", max_prompt_length=96, max_response_length=32,
                     cache_dir=str(tmp_path / "cache"))
     arrays, report = load_scored_arrays(dc, tok, reference_path=str(model_dir), reference=load_pretrained(model_dir))
-    assert len(arrays["index"]) == 80 and not arrays["has_behaviour"].any()
-    assert report.notes["behaviour_logprobs_computed"] == 80
-    gid = arrays["group_id"]
-    assert (np.bincount(gid) == 2).all() and (gid[0::2] == gid[1::2]).all()  # each pair is one group of two
-    assert arrays["score"].tolist() == [1.0, 0.0] * 40
+    assert len(arrays["index"]) == n and not arrays["has_behaviour"].any()
+    assert report.notes["behaviour_logprobs_computed"] == n
+    np.testing.assert_array_equal(arrays["group_id"], [r["group_id"] for r in recs])
+    assert arrays["score"].tolist() == [r["score"] for r in recs]
     lp, mask = arrays["behaviour_logprobs"], arrays["response_mask"].astype(bool)
     assert (lp[mask] < 0).all() and (lp[~mask] == 0).all()
     # the filled log-probs are the reference's: transformers' own Llama on row 3 (no padding)
@@ -414,19 +439,27 @@ def test_to_scored_with_a_reward_model_on_conversational_pairs(conv_rm, hh, shar
     rm_dir, result = conv_rm
     root, cfg, rows = hh
     out = tmp_path / "rm"
+    # the pairs are filtered as the policy (stories260K + the ChatML file) will read them, scored by the reward model
     assert main(["to-scored", "--config", str(cfg), f"data.path={root / 'hh_conv.jsonl'}",
-                 f"reward.model_path={rm_dir}", f"trainer.output_dir={out}"]) == 0
+                 f"data.chat_template_file={root / 'chatml.jinja'}", f"reward.model_path={rm_dir}",
+                 f"trainer.output_dir={out}"]) == 0
     assert "reward-model scores" in capsys.readouterr().out
     recs = _read_jsonl(out / "scored.jsonl")
     m = json.loads((out / "to_scored_metrics.json").read_text())
-    assert m["score_source"] == "reward_model" and len(recs) == 80
+    assert m["score_source"] == "reward_model" and len(recs) == m["n_rows"]
+    by_text = {(json.dumps(r["prompt"]), json.dumps(r["response"])): r["score"] for r in recs}
+    conv = _read_jsonl(root / "hh_conv.jsonl")
+    kept = sorted({i for r in recs for i in r["source_rows"]})
+
+    def score_of(i, side):
+        return by_text[(json.dumps(conv[i]["prompt"]), json.dumps(conv[i][side]))]
     assert recs[0]["prompt"][-1]["role"] == "user" and recs[0]["response"][0]["role"] == "assistant"  # kept as messages
     # independent scores: ChatML text built from the raw HH strings, tokenized and scored directly
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(rm_dir))
     p_ids, r_ids = [], []
-    for r in rows[:6]:
+    for r in [rows[i] for i in kept[:6]]:
         for text in (r["chosen"], r["rejected"]):
             msgs = _hh_messages(text)
             p = "".join(f"<|im_start|>{x['role']}\n{x['content']}<|im_end|>\n" for x in msgs[:-1])
@@ -437,8 +470,9 @@ def test_to_scored_with_a_reward_model_on_conversational_pairs(conv_rm, hh, shar
     pi, pm = left_pad(p_ids, 96, 0)
     ri, rm = right_pad(r_ids, 32, 0)
     want = score_arrays(result.model, np.concatenate([pi, ri], 1), np.concatenate([pm, rm], 1))
-    np.testing.assert_allclose([x["score"] for x in recs[:12]], want, rtol=1e-5, atol=1e-5)
-    assert m["accuracy"] == pytest.approx(np.mean([recs[2 * k]["score"] > recs[2 * k + 1]["score"] for k in range(40)]))
+    np.testing.assert_allclose([score_of(i, side) for i in kept[:6] for side in ("chosen", "rejected")], want,
+                               rtol=1e-5, atol=1e-5)
+    assert m["accuracy"] == pytest.approx(np.mean([score_of(i, "chosen") > score_of(i, "rejected") for i in kept]))
 
     # the scored file trains: rendered by the policy's tokenizer (+ the template file), log-probs from the reference
     from jaxppo.hf import load_pretrained, load_tokenizer
@@ -448,8 +482,8 @@ def test_to_scored_with_a_reward_model_on_conversational_pairs(conv_rm, hh, shar
                     chat_template_file=str(root / "chatml.jinja"), cache_dir=str(tmp_path / "cache"))
     arrays, report = load_scored_arrays(dc, load_tokenizer(model_dir), reference_path=str(model_dir),
                                         reference=load_pretrained(model_dir))
-    assert len(arrays["index"]) == 80 and report.notes["behaviour_logprobs_computed"] == 80
-    assert (np.bincount(arrays["group_id"]) == 2).all()
+    assert len(arrays["index"]) == len(recs) and report.notes["behaviour_logprobs_computed"] == len(recs)
+    np.testing.assert_array_equal(arrays["group_id"], [r["group_id"] for r in recs])
     np.testing.assert_allclose(arrays["score"], [x["score"] for x in recs], rtol=1e-6)
     assert (arrays["behaviour_logprobs"][arrays["response_mask"] == 1] < 0).all()
 

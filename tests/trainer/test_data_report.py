@@ -81,3 +81,15 @@ def test_no_heldout_prompt_while_evaluation_is_on_is_an_error(tmp_path, stories_
                                               "actor.ppo_micro_batch_size=8"))
     with pytest.raises(DataError, match=r"data.eval_fraction=0.25 but no held-out prompt remains .* kept 20 of 20"):
         build_run(cfg, devices=jax.devices()[:1])
+
+
+def test_a_pairs_file_given_to_train_points_to_to_scored(tmp_path, stories_model):
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Once {i}", "chosen": "A cat.", "rejected": "A dog."}) + "\n"
+                            for i in range(4)), encoding="utf-8")
+    p = _cli(overrides_for_cli(stories_model, data, tmp_path / "out", "trainer.total_steps=4"))
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr[-3000:]
+    assert "all 4 rows were skipped: 4 x missing_field" in lines[0]
+    assert "a preference pair; turn pairs into scored rows with `python -m jaxppo.reward to-scored`" in lines[0]

@@ -40,6 +40,7 @@ import numpy as np
 from jaxppo.config import ConfigError
 from jaxppo.parallel.host import from_host, host_scalar, to_host
 from jaxppo.trainer.dpo.step import (
+    KTO_KEYS,
     PAIR_KEYS,
     DPOHParams,
     DPOState,
@@ -94,7 +95,11 @@ def check_dpo_config(cfg: Any, n_devices: int) -> None:
 
     check_mesh(cfg.mesh, n_devices, cfg.dpo.micro_batch_size or cfg.dpo.batch_size,
                "dpo.micro_batch_size (or dpo.batch_size)")
-    if cfg.data.schema != "preference":
+    if cfg.dpo.loss_type == "kto":
+        if cfg.data.schema != "scored":
+            raise ConfigError("data.schema: dpo.loss_type=kto trains on unpaired rows (prompt, completion, boolean "
+                              f"label), set data.schema=scored (got {cfg.data.schema!r})")
+    elif cfg.data.schema != "preference":
         raise ConfigError(f"data.schema: DPO trains on preference pairs, set data.schema=preference "
                           f"(got {cfg.data.schema!r})")
     if cfg.data.path is None:
@@ -103,11 +108,16 @@ def check_dpo_config(cfg: Any, n_devices: int) -> None:
 
 def load_pairs(cfg: Any, tokenizer: Any) -> tuple[dict[str, np.ndarray], np.ndarray, Any]:
     """``(arrays, prompt_group [N] int32, report)``: tokenized pairs and a dense id of each pair's prompt text."""
-    from jaxppo.data import load_rows, prompt_groups, tokenize_rows
+    from jaxppo.data.pipeline import load_preference_arrays
+    from jaxppo.hf.paths import resolve_model_path
 
-    loaded = load_rows(cfg.data)
-    arrays = tokenize_rows(loaded, tokenizer, cfg.data)
-    return arrays, prompt_groups(loaded, arrays), loaded.report
+    if cfg.dpo.loss_type == "kto":
+        from jaxppo.data.unpaired import load_kto_arrays
+
+        arrays, report = load_kto_arrays(cfg.data, tokenizer, resolve_model_path(cfg.model.path))
+        return arrays, arrays.pop("group_id"), report
+    got = load_preference_arrays(cfg.data, tokenizer, resolve_model_path(cfg.model.path))
+    return got.arrays, got.prompt_group, got.report
 
 
 def split_pairs(group: np.ndarray, data_cfg: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -216,7 +226,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
                      lr_scale=scalar(1.0, jnp.float32), nan_total=scalar(0, jnp.int32),
                      nan_streak=scalar(0, jnp.int32), data_cursor=scalar(0, jnp.int32))
     state = replicate_leaves(state, mesh)
-    batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in PAIR_KEYS}
+    batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in (KTO_KEYS if cfg.dpo.loss_type == "kto" else PAIR_KEYS)}
     step = make_dpo_step(graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
                          state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=base,
                          lora_dropout=0.0 if spec is None else spec.dropout, seed=cfg.trainer.seed)
@@ -229,7 +239,7 @@ def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
     """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``), on the mesh."""
     n = run.train["prompt_ids"].shape[0]
     idx = batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, n)
-    return {k: from_host(run.train[k][idx], run.batch_shardings[k]) for k in PAIR_KEYS}
+    return {k: from_host(run.train[k][idx], sh) for k, sh in run.batch_shardings.items()}
 
 
 def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
@@ -239,6 +249,18 @@ def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tup
 
     d = run.cfg.dpo
     pc, pr = pair_logps(run.graphdef, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size)
+    if d.loss_type == "kto":   # right: a desirable row's implicit reward above the reference point, else below
+        from jaxppo.ops.kto import kto_pair_loss
+
+        loss, m = kto_pair_loss(pc, pr, arrays["ref_chosen"], arrays["ref_rejected"], arrays["desirable"],
+                                beta=d.beta, desirable_weight=d.desirable_weight,
+                                undesirable_weight=d.undesirable_weight)
+        out = {k: host_scalar(v) for k, v in m.items()}
+        out["loss"] = host_scalar(loss)
+        above = pc - arrays["ref_chosen"] > out["kl"]
+        right = (above == np.asarray(arrays["desirable"])).astype(np.float64)
+        out["rewards/accuracies"] = float(right.mean()) if len(right) else float("nan")
+        return out, right
     lengths = dict(chosen_length=arrays["chosen_mask"].sum(1), rejected_length=arrays["rejected_mask"].sum(1))
     loss, m = dpo_loss(pc, pr, arrays["ref_chosen"], arrays["ref_rejected"], beta=d.beta, loss_type=d.loss_type,
                        label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha, **lengths)

@@ -48,6 +48,7 @@ from jaxppo.trainer.micro import micro_grads
 
 PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
              "ref_chosen", "ref_rejected")
+KTO_KEYS = PAIR_KEYS + ("desirable",)   # loss_type=kto: + the rows' labels (jaxppo.data.unpaired.kto_layout)
 
 
 @struct.dataclass
@@ -70,12 +71,16 @@ class DPOHParams:
     label_smoothing: float = struct.field(pytree_node=False)
     rpo_alpha: float = struct.field(pytree_node=False)
     micro_batch_size: int = struct.field(pytree_node=False)
+    desirable_weight: float = struct.field(pytree_node=False, default=1.0)     # KTO only
+    undesirable_weight: float = struct.field(pytree_node=False, default=1.0)   # KTO only
 
     @classmethod
     def from_config(cls, dpo_cfg: Any) -> "DPOHParams":
         return cls(beta=float(dpo_cfg.beta), loss_type=str(dpo_cfg.loss_type),
                    label_smoothing=float(dpo_cfg.label_smoothing), rpo_alpha=float(dpo_cfg.rpo_alpha),
-                   micro_batch_size=int(dpo_cfg.micro_batch_size or dpo_cfg.batch_size))
+                   micro_batch_size=int(dpo_cfg.micro_batch_size or dpo_cfg.batch_size),
+                   desirable_weight=float(dpo_cfg.desirable_weight),
+                   undesirable_weight=float(dpo_cfg.undesirable_weight))
 
 
 @functools.lru_cache(maxsize=4)
@@ -125,6 +130,13 @@ def pair_loss(graphdef: Any, params: Any, batch: dict[str, jax.Array], hp: DPOHP
     ``rpo_tokens_per_pair``: the whole batch's chosen tokens per pair when ``batch`` is one micro-batch of it;
     ``lora_key``: adapter dropout of the policy's forward (module doc)."""
     pc, pr = policy_pair_logps(graphdef, params, batch, lora_key)
+    if hp.loss_type == "kto":   # the KTO layout (jaxppo.data.unpaired): judged answer, mismatched answer
+        from jaxppo.ops.kto import kto_pair_loss
+
+        loss, metrics = kto_pair_loss(pc, pr, batch["ref_chosen"], batch["ref_rejected"], batch["desirable"],
+                                      beta=hp.beta, desirable_weight=hp.desirable_weight,
+                                      undesirable_weight=hp.undesirable_weight)
+        return loss, {**metrics, "loss": loss}
     lengths = {}
     if hp.loss_type in ("ipo", "sigmoid_norm") or hp.rpo_alpha > 0:
         lengths = dict(chosen_length=batch["chosen_mask"].sum(1), rejected_length=batch["rejected_mask"].sum(1))
@@ -224,5 +236,5 @@ def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_
     return np.concatenate(out_c).astype(np.float32), np.concatenate(out_r).astype(np.float32)
 
 
-__all__ = ["DPOHParams", "DPOState", "PAIR_KEYS", "batch_indices", "make_dpo_step", "pair_logps", "pair_loss",
+__all__ = ["DPOHParams", "DPOState", "KTO_KEYS", "PAIR_KEYS", "batch_indices", "make_dpo_step", "pair_logps", "pair_loss",
            "pair_stack", "policy_pair_logps"]
