@@ -1,5 +1,5 @@
 """The public surface of jaxppo.ops: the PPO maths, the critic-free estimators and
-their registry, replay priorities, verl's rollout correction and the DPO family (issues 10 and 11)."""
+their registry, replay priorities, verl's rollout correction and the DPO family."""
 
 import jaxppo.ops as ops
 
