@@ -49,6 +49,9 @@ def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | Non
 def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> None:
     """Write jaxppo's INFO logs to ``out_dir/name`` (console output is printed by the commands).
 
+    ``out_dir`` is created first (:func:`jaxppo.run_folder.prepare_output_dir`: an unusable folder is an
+    ``OutputDirError`` naming ``trainer.output_dir``, a user error of :func:`run_cli`).
+
     A handler added by an earlier call is replaced, so repeated calls in one process do not stack. Under several
     processes (``launch/multihost.py``) only process 0 writes the file; the others log to stderr only.
     """
@@ -58,8 +61,11 @@ def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> N
         root.removeHandler(h)
         h.close()
     jax = sys.modules.get("jax")   # imported (and initialised) by launch/multihost.py under several processes
+    if out_dir is not None:
+        from jaxppo.run_folder import prepare_output_dir
+
+        prepare_output_dir(out_dir)
     if out_dir is not None and (jax is None or jax.process_index() == 0):
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
         h = logging.FileHandler(Path(out_dir) / name, encoding="utf-8")
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         h._jaxppo_cli = True  # type: ignore[attr-defined]
