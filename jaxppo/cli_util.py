@@ -89,13 +89,18 @@ def run_cli(prog: str, work: Callable[[], T], report: Callable[[T], Any] | None 
 
     An exception of ``USER_ERRORS`` or ``errors`` raised by ``work`` is printed by :func:`report_user_error`
     (``prog: error: <type>: <message>``) and gives status 2; with ``config_error_form`` a ``ConfigError`` is
-    printed as ``prog: config error: <message>`` (the form of a bad key at parse time). Anything else propagates.
-    Otherwise the status is 0.
+    printed as ``prog: config error: <message>`` (the form of a bad key at parse time). A run stopped by a signal
+    (``jaxppo.preemption.Preempted``) prints ``prog: preempted at step N; saved checkpoint N; resume with
+    trainer.resume=auto`` and gives ``PREEMPTED_EXIT`` (75). Anything else propagates. Otherwise the status is 0.
     """
     from jaxppo.config import ConfigError
+    from jaxppo.preemption import PREEMPTED_EXIT, Preempted
 
     try:
         result = work()
+    except Preempted as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except (*USER_ERRORS, *errors) as e:
         if config_error_form and isinstance(e, ConfigError):
             print(f"{prog}: config error: {e}", file=sys.stderr)

@@ -107,8 +107,9 @@ def signature_diff(stored: dict[str, tuple], expected: dict[str, tuple], limit: 
 _ORBAX_LOGGERS = ("absl", "concurrent.futures", "asyncio")
 
 
-#: step directories this process has reported as damaged (``CheckpointDamagedError``); Orbax's abandoned reads of
-#: their files keep failing after the restore raised, and those late errors name the files
+#: step directories whose restore this process has reported as failed (``CheckpointDamagedError`` or
+#: ``CheckpointMismatchError``); Orbax's abandoned reads of their files keep failing after the restore raised, and
+#: those late errors name the files
 _REPORTED_DAMAGED: set[str] = set()
 
 
@@ -245,6 +246,7 @@ class Checkpointer:
         _WRITE_DIRS.add(str(self.directory) + os.sep)
         _hold_back_closed_loop_errors()   # before any save: a failed write is reported by save/wait, once
         self._write_failed = False
+        self._on_close: list[Callable[[], None]] = []
         self._pending: int | None = None   # the step of the newest save not yet known to be complete
         self.manager = ocp.CheckpointManager(self.directory, options=opts)
         self._verified = {s for s in self.all_steps() if self._read_meta_file(s).get("verified") is True}
@@ -379,9 +381,10 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
                 _join_restore_barrier()
                 err = self._classify(int(step), like, e)
-                if isinstance(err, CheckpointDamagedError):   # as the late errors spell it: absolute, maybe resolved
-                    d = Path(self.directory) / str(step)
-                    _REPORTED_DAMAGED.update({os.path.abspath(d) + os.sep, str(d.resolve()) + os.sep})
+                # damaged or of another shape: Orbax's abandoned reads of its files report late errors that name
+                # them (as the late errors spell it: absolute, maybe resolved)
+                d = Path(self.directory) / str(step)
+                _REPORTED_DAMAGED.update({os.path.abspath(d) + os.sep, str(d.resolve()) + os.sep})
                 raise err from e
 
     @staticmethod
@@ -463,17 +466,26 @@ class Checkpointer:
         self._pending = None
         self._rotate()
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` when :meth:`close` ends, however it ends (e.g. release the run folder's lock)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
         """Wait for the background write and close; after a ``CheckpointWriteError`` has been raised, closing raises
-        nothing more (the failure was reported once)."""
-        if self._write_failed:
-            with contextlib.suppress(Exception):
-                self.manager.close()
-            return
+        nothing more (the failure was reported once). The :meth:`on_close` callbacks run last."""
         try:
-            self.wait()
-        except CheckpointWriteError:
-            with contextlib.suppress(Exception):
-                self.manager.close()
-            raise
-        self.manager.close()
+            if self._write_failed:
+                with contextlib.suppress(Exception):
+                    self.manager.close()
+                return
+            try:
+                self.wait()
+            except CheckpointWriteError:
+                with contextlib.suppress(Exception):
+                    self.manager.close()
+                raise
+            self.manager.close()
+        finally:
+            callbacks, self._on_close = self._on_close, []
+            for fn in callbacks:
+                fn()

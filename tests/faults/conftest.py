@@ -76,3 +76,28 @@ def tiny_model_4_layers(tmp_path_factory, stories_model) -> Path:
     save_file([(n, f.shape(n), f.dtype(n)) for n in names], f.get, dst / "model.safetensors")
     (dst / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=last)))
     return dst
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, stories_model, scored_data, compile_cache):  # noqa: F811
+    """A finished 4-step run, started in a folder an earlier process left behind: a stale lock (of a process that
+    has ended) and a temporary checkpoint folder of an interrupted write. Its data file (JSON lines) has a NaN, an
+    inf and a -inf score and one broken line (datasets cannot parse it: the line-by-line reader takes over).
+    Returns ``(run folder, completed process, pid of the stale lock)``."""
+    import json
+
+    tmp = tmp_path_factory.mktemp("finished")
+    lines = scored_data.read_text().splitlines()
+    rows = [json.loads(line) for line in lines[:3]]
+    bad = [json.dumps(dict(r, score=v)) for r, v in zip(rows, (float("nan"), float("inf"), float("-inf")))]
+    data = tmp / "data.jsonl"
+    data.write_text("\n".join([*bad, '{"prompt": "broken', *lines[3:]]) + "\n")
+    out = tmp / "run"
+    (out / "checkpoints" / "2.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    (out / ".jaxppo.lock").write_text(json.dumps({"pid": dead_pid, "host": __import__("socket").gethostname(),
+                                                  "started": "2000-01-01T00:00:00Z", "command": "an earlier run"}))
+    res = run_module("jaxppo.train", overrides(stories_model, data, out), compile_cache)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return out, res, dead_pid
