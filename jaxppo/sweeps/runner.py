@@ -200,7 +200,8 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
               log: Callable[[str], None] = print) -> dict[str, dict]:
     """Run every run that is not done, at most ``jobs`` at a time; returns the failures of this invocation.
 
-    ``argv_for(run)`` (default ``run.argv(python)``) builds each command. With ``jobs > 1``, a first run
+    ``argv_for(run)`` (default ``run.argv(python)``) builds each command. With ``jobs > 1`` the CPU cores are split
+    between the run slots (:func:`core_slots`). With ``jobs > 1``, a first run
     whose config collects its dataset (``data.collect_if_missing`` and ``data.path`` missing) runs alone
     first, so parallel runs do not collect the same file at once.
     """
@@ -235,8 +236,17 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
         claims[run.key] = lock
         return True
 
+    slots = core_slots(jobs)
+    slot_of: dict[str, int] = {}
+
     def start(run: RunSpec) -> tuple[RunSpec, subprocess.Popen, float]:
         run.out_dir.mkdir(parents=True, exist_ok=True)
+        run_env_i, pin = env, None
+        if slots:
+            free = next(i for i in range(len(slots)) if i not in slot_of.values())
+            slot_of[run.key] = free
+            pin = slots[free]
+            run_env_i = dict(env, OMP_NUM_THREADS=str(len(pin)), MKL_NUM_THREADS=str(len(pin)))
         fo = open(run.out_dir / STDOUT_LOG, "ab")
         fe = open(run.out_dir / STDERR_LOG, "ab")
         stamp = f"\n=== sweep attempt {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode()
@@ -246,7 +256,9 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
         fe.flush()
         try:
             commands[run.key] = argv_for(run)
-            proc = subprocess.Popen(commands[run.key], cwd=cwd, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(commands[run.key], cwd=cwd, env=run_env_i, stdout=fo, stderr=fe,
+                                    stdin=subprocess.DEVNULL,
+                                    preexec_fn=None if pin is None else (lambda cores=pin: os.sched_setaffinity(0, cores)))
         finally:
             fo.close()
             fe.close()
@@ -268,6 +280,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
                 _update_failures(out, run.key, rec)
                 log(f"  FAILED {run.key}: {why} (see {run.out_dir / STDERR_LOG})")
         finally:
+            slot_of.pop(run.key, None)
             claims.pop(run.key).release()
 
     queue = list(pending)
@@ -329,6 +342,18 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
         for lock in claims.values():
             lock.release()
     return new_failures
+
+
+def core_slots(jobs: int) -> list[list[int]] | None:
+    """The CPU cores of this process split into ``jobs`` disjoint sets (round robin), one per run slot of a
+    ``--jobs`` sweep: each run is pinned to its set (``sched_setaffinity``) with ``OMP_NUM_THREADS`` its size. None
+    for one job, or when there are fewer cores than jobs or no affinity support (the runs then share every core)."""
+    if jobs <= 1 or not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < jobs:
+        return None
+    return [cores[i::jobs] for i in range(jobs)]
 
 
 def _collects(run: RunSpec) -> bool:
