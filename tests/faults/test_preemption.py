@@ -22,7 +22,11 @@ STEPS = 6
 
 def test_first_signal_sets_the_flag_second_goes_to_the_previous_handler():
     seen: list[int] = []
-    before = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
+
+    def previous(signum, frame):
+        seen.append(signum)
+
+    before = signal.signal(signal.SIGTERM, previous)
     try:
         with PreemptionWatch() as watch:
             assert not watch.requested()
@@ -30,7 +34,10 @@ def test_first_signal_sets_the_flag_second_goes_to_the_previous_handler():
             assert watch.requested() and watch.signame == "SIGTERM" and seen == []
             os.kill(os.getpid(), signal.SIGTERM)     # the second: the previous handler, at once
             assert seen == [signal.SIGTERM]
-        assert signal.getsignal(signal.SIGTERM) is not None and seen == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is previous and seen == [signal.SIGTERM]
+        with PreemptionWatch() as watch:     # a fresh watch, left without a signal: the handler comes back too
+            assert signal.getsignal(signal.SIGTERM) is not previous
+        assert signal.getsignal(signal.SIGTERM) is previous and not watch.requested()
     finally:
         signal.signal(signal.SIGTERM, before)
 
