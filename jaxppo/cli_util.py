@@ -49,6 +49,9 @@ def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | Non
 def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> None:
     """Write jaxppo's INFO logs to ``out_dir/name`` (console output is printed by the commands).
 
+    ``out_dir`` is created first (:func:`jaxppo.run_folder.prepare_output_dir`: an unusable folder is an
+    ``OutputDirError`` naming ``trainer.output_dir``, a user error of :func:`run_cli`).
+
     A handler added by an earlier call is replaced, so repeated calls in one process do not stack. Under several
     processes (``launch/multihost.py``) only process 0 writes the file; the others log to stderr only.
     """
@@ -58,8 +61,11 @@ def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> N
         root.removeHandler(h)
         h.close()
     jax = sys.modules.get("jax")   # imported (and initialised) by launch/multihost.py under several processes
+    if out_dir is not None:
+        from jaxppo.run_folder import prepare_output_dir
+
+        prepare_output_dir(out_dir)
     if out_dir is not None and (jax is None or jax.process_index() == 0):
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
         h = logging.FileHandler(Path(out_dir) / name, encoding="utf-8")
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         h._jaxppo_cli = True  # type: ignore[attr-defined]
@@ -83,13 +89,18 @@ def run_cli(prog: str, work: Callable[[], T], report: Callable[[T], Any] | None 
 
     An exception of ``USER_ERRORS`` or ``errors`` raised by ``work`` is printed by :func:`report_user_error`
     (``prog: error: <type>: <message>``) and gives status 2; with ``config_error_form`` a ``ConfigError`` is
-    printed as ``prog: config error: <message>`` (the form of a bad key at parse time). Anything else propagates.
-    Otherwise the status is 0.
+    printed as ``prog: config error: <message>`` (the form of a bad key at parse time). A run stopped by a signal
+    (``jaxppo.preemption.Preempted``) prints ``prog: preempted at step N; saved checkpoint N; resume with
+    trainer.resume=auto`` and gives ``PREEMPTED_EXIT`` (75). Anything else propagates. Otherwise the status is 0.
     """
     from jaxppo.config import ConfigError
+    from jaxppo.preemption import PREEMPTED_EXIT, Preempted
 
     try:
         result = work()
+    except Preempted as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except (*USER_ERRORS, *errors) as e:
         if config_error_form and isinstance(e, ConfigError):
             print(f"{prog}: config error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``python -m jaxppo.sweep --config SWEEP.yaml [--profile NAME] [--jobs N] [--print-commands] [--results-only]``.
+"""``python -m jaxppo.sweep --config SWEEP.yaml [--profile NAME] [--jobs N] [--print-commands] [--results-only]
+[--slurm OUT.sbatch [--slurm-time T] [--slurm-cpus N] ...]``.
 
 (``python -m jaxppo.sweep SWEEP.yaml``, the file as a positional argument, still works and warns: deprecated.)
 
@@ -13,6 +14,9 @@ Outputs in ``output_dir``: ``results.csv`` (variant, seed, step, samples, tokens
 status, error), ``summary.csv`` (per variant: final reward mean and 95% t-interval, AUC, and the seed-paired
 comparison with the baseline; see :mod:`jaxppo.sweeps.results`), ``failures.json``,
 ``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
+
+``--slurm OUT.sbatch`` writes a SLURM array job whose task i runs the i-th pending run (:mod:`jaxppo.sweeps.slurm`)
+and exits. ``--jobs N`` runs N runs side by side, the CPU cores split between them.
 
 Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others),
 2 for an invalid sweep file.
@@ -41,6 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="print one shell command per run (for a cluster job array) and exit")
     ap.add_argument("--pending", action="store_true", help="with --print-commands: only runs without summary.json")
     ap.add_argument("--results-only", action="store_true", help="only (re)write the tables and plots")
+    ap.add_argument("--slurm", default=None, metavar="OUT.sbatch",
+                    help="write a SLURM array job (task i runs the i-th pending run) and exit")
+    ap.add_argument("--slurm-time", default=None, help="with --slurm: #SBATCH --time, e.g. 02:00:00")
+    ap.add_argument("--slurm-cpus", type=int, default=None, help="with --slurm: #SBATCH --cpus-per-task")
+    ap.add_argument("--slurm-mem", default=None, help="with --slurm: #SBATCH --mem, e.g. 16G")
+    ap.add_argument("--slurm-gpus", type=int, default=None, help="with --slurm: #SBATCH --gpus-per-task")
+    ap.add_argument("--slurm-partition", default=None, help="with --slurm: #SBATCH --partition")
+    ap.add_argument("--slurm-max-parallel", type=int, default=None, help="with --slurm: at most N tasks at once")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.config is not None and args.sweep is not None:
         ap.error("give the sweep file once, as --config FILE")
@@ -62,6 +74,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from jaxppo.sweeps.runner import command_line, is_done, read_failures, run_sweep
 
+    if args.slurm:
+        from jaxppo.sweeps.slurm import SlurmResources, pending_runs, slurm_script
+
+        res = SlurmResources(time=args.slurm_time, cpus=args.slurm_cpus, mem=args.slurm_mem, gpus=args.slurm_gpus,
+                             partition=args.slurm_partition, max_parallel=args.slurm_max_parallel)
+        try:
+            text = slurm_script(spec, runs, res)
+            from pathlib import Path
+
+            Path(args.slurm).write_text(text, encoding="utf-8")
+        except (ValueError, OSError) as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        n = len(pending_runs(spec, runs))
+        print(f"wrote {args.slurm}: a SLURM array of {n} tasks (the pending runs of {len(runs)}); submit it with "
+              f"sbatch {args.slurm}")
+        return 0
     if args.print_commands:
         for r in runs:
             if not (args.pending and is_done(r)):

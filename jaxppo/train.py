@@ -16,21 +16,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxppo.cli_util import parse_config_args, run_cli, setup_logging
 
     _, cfg = parse_config_args(PROG, "Offline PPO with importance sampling and prioritized replay.", argv)
-    setup_logging(cfg.trainer.output_dir, "train.log")
     from jaxppo.trainer.checkpoint import CheckpointError
     from jaxppo.trainer.ppo.loop import train
 
-    def report(summary: dict) -> None:
-        keys = ("eval/reward_before", "eval/reward_after", "eval/reward_gain_ci95", "eval/kl", "time/total_s")
-        print(json.dumps({k: summary[k] for k in keys if k in summary}))
-        print(f"outputs in {cfg.trainer.output_dir}")
-
     def work() -> dict:
+        setup_logging(cfg.trainer.output_dir, "train.log")
         if cfg.reward.kind == "model":   # a wrong reward.model_path is reported before any model or data is loaded
             from jaxppo.rewards.model_io import check_reward_model_dir
 
             check_reward_model_dir(cfg.reward.model_path)
         return train(cfg)
+
+    def report(summary: dict) -> None:
+        keys = ("eval/reward_before", "eval/reward_after", "eval/reward_gain_ci95", "eval/kl", "time/total_s")
+        print(json.dumps({k: summary[k] for k in keys if k in summary}))
+        print(f"outputs in {cfg.trainer.output_dir}")
 
     return run_cli(PROG, work, report, errors=(CheckpointError,), config_error_form=True)
 

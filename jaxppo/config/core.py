@@ -234,9 +234,15 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: 'extends' cycle through {[str(p) for p in _seen]}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     parent = data.pop("extends", None)

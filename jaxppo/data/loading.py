@@ -2,7 +2,9 @@
 
 Local files are read with the ``datasets`` builders of their format:
 
-- ``.json``, ``.jsonl``, ``.json.gz``, ``.jsonl.gz`` -> ``load_dataset("json")``;
+- ``.json``, ``.jsonl``, ``.json.gz``, ``.jsonl.gz`` -> ``load_dataset("json")``, except a file holding one JSON
+  array, read with the standard library (which keeps ``NaN`` / ``Infinity`` scores: they are counted as
+  ``non_finite_score``, not lost as nulls);
 - ``.parquet`` -> ``load_dataset("parquet")``; ``.arrow`` -> ``load_dataset("arrow")``;
 - a folder written by ``Dataset.save_to_disk`` -> ``load_from_disk``;
 - anything else that is not a local path is taken as a hub dataset name (needs network; with
@@ -16,8 +18,10 @@ standard library: each bad line is counted (``invalid_utf8`` / ``invalid_json``)
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -130,6 +134,29 @@ def _datasets():
     return datasets
 
 
+@contextlib.contextmanager
+def _datasets_quiet():
+    """Hold back the ``datasets`` loggers' records below CRITICAL: a file it cannot parse is logged there as an ERROR
+    (with the file's absolute path) before the exception that :func:`read_records` handles (the line-by-line reader
+    counts the bad lines, or a one-line ``DataError`` says why)."""
+    _datasets()   # imported first: the import sets the level of its loggers
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _is_json_array(path: Path) -> bool:
+    """The file's first non-blank byte is ``[`` (one JSON array rather than JSON lines)."""
+    for raw in _open_text_lines(path):
+        if raw.strip():
+            return raw.lstrip().startswith(b"[")
+    return False
+
+
 def read_records(path: str | None, *, split: str = "train", max_rows: int | None = None,
                  cache_dir: str | None = None, report: DataReport | None = None) -> list[dict[str, Any]]:
     """Raw records of a dataset as a list of dicts (see the module docstring for the formats).
@@ -152,15 +179,22 @@ def read_records(path: str | None, *, split: str = "train", max_rows: int | None
                     raise DataError(f"{local}: no split {split!r}; splits are {sorted(ds.keys())}")
                 ds = ds[split]
             rows = ds.to_list()
+        elif fmt == "json" and _is_json_array(local):
+            # datasets reads a JSON array's NaN/Infinity as null (it would count as a missing field, not as a
+            # non-finite score); the standard library keeps them
+            report.notes["reader"] = "json (one array)"
+            rows = read_json_strict(local, report)
         else:
             sp = _local_split(split, local)
             try:
-                ds = _datasets().load_dataset(fmt, data_files=str(local), split=sp, cache_dir=cache_dir)
+                with _datasets_quiet():
+                    ds = _datasets().load_dataset(fmt, data_files=str(local), split=sp, cache_dir=cache_dir)
                 rows = ds.to_list()
                 report.notes["reader"] = "datasets"
             except Exception as e:  # noqa: BLE001 - any datasets/arrow failure: fall back or explain
                 if fmt != "json":
-                    raise DataError(f"{local}: could not read the {fmt} file: {type(e).__name__}: {e}") from None
+                    raise DataError(f"{local}: could not read the {fmt} file: {type(e).__name__}: "
+                                    f"{' '.join(str(e).split())}") from None
                 report.notes["reader"] = f"line-by-line (datasets failed: {type(e).__name__})"
                 rows = read_json_strict(local, report)
     elif _looks_like_a_path(str(path)):
@@ -168,7 +202,8 @@ def read_records(path: str | None, *, split: str = "train", max_rows: int | None
     else:
         report.notes["format"] = "hub"
         try:
-            ds = _datasets().load_dataset(str(path), split=split, cache_dir=cache_dir)
+            with _datasets_quiet():
+                ds = _datasets().load_dataset(str(path), split=split, cache_dir=cache_dir)
         except Exception as e:  # noqa: BLE001
             offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
             why = " (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set: the hub cannot be reached)" if offline else ""

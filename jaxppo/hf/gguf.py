@@ -51,6 +51,42 @@ def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+class _TruncatedTensor(ValueError):
+    """A tensor whose data runs past the end of the file (raised while the reader lists the tensors)."""
+
+
+def _checked_reader(base: type) -> type:
+    """``base`` (gguf's ``GGUFReader``) with a check run before it maps the tensors: a tensor whose data runs past
+    the end of the file is a :class:`_TruncatedTensor` naming the file and the tensor (the reader alone fails with a
+    reshape error that names neither)."""
+
+    class Checked(base):
+        def _build_tensors(self, start_offs, fields):
+            from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+            size = len(self.data)
+            for f in fields:
+                try:
+                    _, name_data, _, dims, raw_dtype, offset = f.parts
+                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                    end = int(start_offs) + int(offset[0]) + math.prod(int(d) for d in dims) * type_size // block
+                    name = bytes(name_data).decode("utf-8", "replace")
+                except Exception:  # noqa: BLE001,S112 - an entry this check cannot read: the reader reports it
+                    continue
+                if end > size:
+                    raise _TruncatedTensor(
+                        f"{self._jaxppo_path}: the GGUF file is truncated: it has {size} bytes but tensor {name!r} "
+                        f"(shape {tuple(int(d) for d in reversed(dims.tolist()))}) needs bytes up to {end} "
+                        "(an incomplete download or copy? fetch the file again)")
+            return super()._build_tensors(start_offs, fields)
+
+        def __init__(self, path, *args, **kwargs):
+            self._jaxppo_path = path
+            super().__init__(path, *args, **kwargs)
+
+    return Checked
+
+
 class GGUFSource:
     """A ``.gguf`` file seen as a ``TensorSource`` (``config_dict``, ``shapes``, ``get``)."""
 
@@ -61,7 +97,9 @@ class GGUFSource:
         if not self.path.is_file():
             raise FileNotFoundError(f"GGUF file {self.path} does not exist")
         try:
-            self._reader = GGUFReader(str(self.path))
+            self._reader = _checked_reader(GGUFReader)(str(self.path))
+        except _TruncatedTensor as e:
+            raise ValueError(str(e)) from None
         except Exception as e:  # the gguf package raises plain ValueError/struct errors on bad files
             size = self.path.stat().st_size
             with open(self.path, "rb") as fh:

@@ -43,7 +43,8 @@ class SafetensorsFile:
         self.metadata = header.pop("__metadata__", {}) or {}
         self.header = header
         self._offset = 8 + n
-        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size > self._offset else None
+        self.size = self.path.stat().st_size
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if self.size > self._offset else None
 
     def names(self) -> list[str]:
         return list(self.header)
@@ -58,7 +59,8 @@ class SafetensorsFile:
         return _DTYPES[code]
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor as a (read-only, memory-mapped) numpy array."""
+        """The tensor as a (read-only, memory-mapped) numpy array; a tensor whose bytes lie past the end of the file
+        (a truncated file) is a ``ValueError`` naming the file and the tensor."""
         info = self.header[name]
         dt = self.dtype(name)
         b, e = info["data_offsets"]
@@ -67,6 +69,9 @@ class SafetensorsFile:
             raise ValueError(f"{self.path}: tensor {name!r} byte size {e - b} does not match shape {shape} {dt}")
         if e == b:
             return np.zeros(shape, dt)
+        if self._offset + e > self.size:
+            raise ValueError(f"{self.path}: truncated file: tensor {name!r} {shape} {dt} needs bytes "
+                             f"{self._offset + b}-{self._offset + e}, the file has {self.size}")
         raw = self._mm[self._offset + b:self._offset + e]
         return raw.view(dt).reshape(shape)
 

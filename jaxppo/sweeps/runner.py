@@ -12,6 +12,12 @@
   tail of its stderr, the command) and retried on the next invocation; a success removes its entry.
 - ``JAX_COMPILATION_CACHE_DIR`` is set to ``<sweep>/xla_cache`` unless the environment already sets one,
   so runs of the same shapes compile once.
+- One sweep per run at a time: a sweep claims a run (an exclusive lock, ``<run>/.sweep-claim.lock``,
+  :class:`jaxppo.run_folder.RunLock`) before it starts it and holds the claim until the run's process ends. A run
+  claimed by another live sweep (the same sweep file started twice, or two array tasks) is put aside; once this
+  sweep has nothing else to run it waits for each such claim, then skips the run when the other sweep finished it
+  and runs it otherwise (the other sweep died or the run failed). So concurrent sweeps of one file run every run
+  exactly once and each ends with the whole table. ``failures.json`` is updated under its own lock.
 - Before a run starts, a ``config.json`` that an earlier attempt left in its folder must match the run's
   config, and so must the finished runs' when any run is still to run; otherwise the sweep stops with an error
   naming the keys (a changed sweep file must not silently mix runs). A sweep whose runs are all finished only
@@ -29,9 +35,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from jaxppo.run_folder import RunFolderBusy, RunLock
 from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec
 
 FAILURES_FILE = "failures.json"
+CLAIM_FILE = ".sweep-claim.lock"
 STDOUT_LOG = "sweep_stdout.log"
 STDERR_LOG = "sweep_stderr.log"
 TAIL_CHARS = 4000
@@ -152,9 +160,28 @@ def read_failures(out_dir: str | Path) -> dict[str, dict]:
 
 
 def _write_failures(out_dir: Path, failures: dict[str, dict]) -> None:
-    tmp = out_dir / (FAILURES_FILE + ".tmp")
+    tmp = out_dir / f"{FAILURES_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(failures, indent=2, sort_keys=True), encoding="utf-8")
     os.replace(tmp, out_dir / FAILURES_FILE)
+
+
+def _update_failures(out_dir: Path, key: str, record: dict | None) -> dict[str, dict]:
+    """Set (``record``) or clear (None) the failure of run ``key`` in ``failures.json``, read and written under the
+    file's lock (another sweep of the same folder may update it at the same time); returns the new contents."""
+    from jaxppo.run_folder import RunLock
+
+    lock = RunLock(out_dir, key="sweep output_dir", name=f".{FAILURES_FILE}.lock")
+    lock.acquire(wait=True)
+    try:
+        failures = read_failures(out_dir)
+        if record is None:
+            failures.pop(key, None)
+        else:
+            failures[key] = record
+        _write_failures(out_dir, failures)
+    finally:
+        lock.release()
+    return failures
 
 
 def _tail(path: Path, n: int = TAIL_CHARS) -> str:
@@ -173,7 +200,8 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
               log: Callable[[str], None] = print) -> dict[str, dict]:
     """Run every run that is not done, at most ``jobs`` at a time; returns the failures of this invocation.
 
-    ``argv_for(run)`` (default ``run.argv(python)``) builds each command. With ``jobs > 1``, a first run
+    ``argv_for(run)`` (default ``run.argv(python)``) builds each command. With ``jobs > 1`` the CPU cores are split
+    between the run slots (:func:`core_slots`). With ``jobs > 1``, a first run
     whose config collects its dataset (``data.collect_if_missing`` and ``data.path`` missing) runs alone
     first, so parallel runs do not collect the same file at once.
     """
@@ -187,12 +215,38 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
     pending = seed_major([r for r in runs if not is_done(r)], spec.seeds)
     done = len(runs) - len(pending)
     log(f"sweep {spec.name}: {len(runs)} runs, {done} done, {len(pending)} to run ({out})")
-    failures = read_failures(out)
     new_failures: dict[str, dict] = {}
     commands: dict[str, list[str]] = {}
+    claims: dict[str, RunLock] = {}
+
+    def claim(run: RunSpec, *, wait: bool = False) -> bool:
+        """Claim ``run`` for this sweep; False when another live sweep holds it (``wait``: block until it ends) or
+        when the run is done by now (another sweep finished it)."""
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(run.out_dir, key=f"sweep run {run.key}", name=CLAIM_FILE)
+        try:
+            lock.acquire(wait=wait)
+        except RunFolderBusy as e:
+            log(f"  busy  {run.key}: {e}; it is run by another sweep, checked again at the end")
+            return False
+        if is_done(run):
+            lock.release()
+            log(f"  skip  {run.key}: finished by another sweep")
+            return False
+        claims[run.key] = lock
+        return True
+
+    slots = core_slots(jobs)
+    slot_of: dict[str, int] = {}
 
     def start(run: RunSpec) -> tuple[RunSpec, subprocess.Popen, float]:
         run.out_dir.mkdir(parents=True, exist_ok=True)
+        run_env_i, pin = env, None
+        if slots:
+            free = next(i for i in range(len(slots)) if i not in slot_of.values())
+            slot_of[run.key] = free
+            pin = slots[free]
+            run_env_i = dict(env, OMP_NUM_THREADS=str(len(pin)), MKL_NUM_THREADS=str(len(pin)))
         fo = open(run.out_dir / STDOUT_LOG, "ab")
         fe = open(run.out_dir / STDERR_LOG, "ab")
         stamp = f"\n=== sweep attempt {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode()
@@ -202,7 +256,9 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
         fe.flush()
         try:
             commands[run.key] = argv_for(run)
-            proc = subprocess.Popen(commands[run.key], cwd=cwd, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(commands[run.key], cwd=cwd, env=run_env_i, stdout=fo, stderr=fe,
+                                    stdin=subprocess.DEVNULL,
+                                    preexec_fn=None if pin is None else (lambda cores=pin: os.sched_setaffinity(0, cores)))
         finally:
             fo.close()
             fe.close()
@@ -211,27 +267,56 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
 
     def finish(run: RunSpec, rc: int, t0: float) -> None:
         dt = time.monotonic() - t0
-        if rc == 0 and is_done(run):
-            failures.pop(run.key, None)
-            log(f"  done  {run.key} ({dt:.0f} s)")
-        else:
-            why = f"exit status {rc}" if rc != 0 else "exited 0 without writing summary.json"
-            rec = {"variant": run.variant, "seed": run.seed, "returncode": rc, "error": why,
-                   "stderr_tail": _tail(run.out_dir / STDERR_LOG), "command": shlex.join(commands[run.key]),
-                   "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-            failures[run.key] = new_failures[run.key] = rec
-            log(f"  FAILED {run.key}: {why} (see {run.out_dir / STDERR_LOG})")
-        _write_failures(out, failures)
+        try:
+            if rc == 0 and is_done(run):
+                _update_failures(out, run.key, None)
+                log(f"  done  {run.key} ({dt:.0f} s)")
+            else:
+                why = f"exit status {rc}" if rc != 0 else "exited 0 without writing summary.json"
+                rec = {"variant": run.variant, "seed": run.seed, "returncode": rc, "error": why,
+                       "stderr_tail": _tail(run.out_dir / STDERR_LOG), "command": shlex.join(commands[run.key]),
+                       "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+                new_failures[run.key] = rec
+                _update_failures(out, run.key, rec)
+                log(f"  FAILED {run.key}: {why} (see {run.out_dir / STDERR_LOG})")
+        finally:
+            slot_of.pop(run.key, None)
+            claims.pop(run.key).release()
 
     queue = list(pending)
+    deferred: list[RunSpec] = []       # claimed by another sweep when their turn came
     active: list[tuple[RunSpec, subprocess.Popen, float]] = []
+
+    def next_claimed() -> RunSpec | None:
+        """The next queued run this sweep could claim; once nothing is queued or running, the runs of other sweeps
+        in turn (waiting for each claim)."""
+        while queue:
+            run = queue.pop(0)
+            if claim(run):
+                return run
+            if not is_done(run):
+                deferred.append(run)
+        while deferred and not active:
+            run = deferred.pop(0)
+            log(f"  wait  {run.key}: for the other sweep's run to end")
+            if claim(run, wait=True):
+                return run
+        return None
+
     try:
         if jobs > 1 and queue and _collects(queue[0]):
-            r, p, t0 = start(queue.pop(0))
-            finish(r, p.wait(), t0)
-        while queue or active:
-            while queue and len(active) < jobs:
-                active.append(start(queue.pop(0)))
+            first = next_claimed()
+            if first is not None:
+                r, p, t0 = start(first)
+                finish(r, p.wait(), t0)
+        while queue or active or deferred:
+            while len(active) < jobs:
+                run = next_claimed()
+                if run is None:
+                    break
+                active.append(start(run))
+            if not active:
+                continue
             if jobs == 1:
                 r, p, t0 = active.pop()
                 finish(r, p.wait(), t0)
@@ -254,7 +339,21 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for lock in claims.values():
+            lock.release()
     return new_failures
+
+
+def core_slots(jobs: int) -> list[list[int]] | None:
+    """The CPU cores of this process split into ``jobs`` disjoint sets (round robin), one per run slot of a
+    ``--jobs`` sweep: each run is pinned to its set (``sched_setaffinity``) with ``OMP_NUM_THREADS`` its size. None
+    for one job, or when there are fewer cores than jobs or no affinity support (the runs then share every core)."""
+    if jobs <= 1 or not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < jobs:
+        return None
+    return [cores[i::jobs] for i in range(jobs)]
 
 
 def _collects(run: RunSpec) -> bool:

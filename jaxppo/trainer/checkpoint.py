@@ -55,6 +55,11 @@ class CheckpointDamagedError(CheckpointError):
     """The checkpoint's files cannot be read (truncated or corrupted)."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, a file size limit, a folder that is not writable); its
+    partial files have been removed."""
+
+
 @dataclass
 class Restored:
     """Result of :meth:`Checkpointer.restore_newest`: the restored step (None: nothing restorable) and the
@@ -102,21 +107,61 @@ def signature_diff(stored: dict[str, tuple], expected: dict[str, tuple], limit: 
 _ORBAX_LOGGERS = ("absl", "concurrent.futures", "asyncio")
 
 
-#: step directories this process has reported as damaged (``CheckpointDamagedError``); Orbax's abandoned reads of
-#: their files keep failing after the restore raised, and those late errors name the files
+#: step directories whose restore this process has reported as failed (``CheckpointDamagedError`` or
+#: ``CheckpointMismatchError``); Orbax's abandoned reads of their files keep failing after the restore raised, and
+#: those late errors name the files
 _REPORTED_DAMAGED: set[str] = set()
 
 
+#: checkpoint directories of this process's ``Checkpointer`` objects (absolute, ending in a separator): an error that
+#: names one of their temporary step folders is a failed write, which :meth:`Checkpointer.save` / ``wait`` raise once
+#: as a ``CheckpointWriteError``; Orbax's background threads and asyncio report the same error many times first
+_WRITE_DIRS: set[str] = set()
+
+
+def _names_a_failed_write(text: str) -> bool:
+    return any(f"{d}" in text and ".orbax-checkpoint-tmp" in text for d in _WRITE_DIRS)
+
+
 def _closed_loop_error(err: BaseException | None) -> bool:
-    """An error to drop after a failed restore: a ``RuntimeError('Event loop is closed')`` of a cancelled read, or a
-    read error naming a file of a checkpoint already reported as damaged (asyncio logs each abandoned read task's
-    error as "Task exception was never retrieved" when the task is collected, after the restore has raised)."""
+    """An error to drop after a failed restore or write: a ``RuntimeError('Event loop is closed')`` of a cancelled
+    read, a read error naming a file of a checkpoint already reported as damaged (asyncio logs each abandoned read
+    task's error as "Task exception was never retrieved" when the task is collected, after the restore has raised),
+    or a write error naming a temporary step folder of a checkpoint directory of this process (raised once by the
+    ``Checkpointer`` as a ``CheckpointWriteError``)."""
     if err is None:
         return False
     if isinstance(err, RuntimeError) and "Event loop is closed" in str(err):
         return True
     text = str(err)
-    return any(d in text for d in _REPORTED_DAMAGED)
+    return any(d in text for d in _REPORTED_DAMAGED) or _names_a_failed_write(text)
+
+
+class _FailedWriteFilter(logging.Filter):
+    """Drops Orbax's (absl) log records about a failed write into a temporary step folder of this process's
+    checkpoint directories (the ``Checkpointer`` raises the failure once, as a ``CheckpointWriteError``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _closed_loop_error(record.exc_info[1]):
+            return False
+        try:
+            return not _names_a_failed_write(record.getMessage())
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is passed on as it is
+            return True
+
+
+def _short_os_error(err: BaseException) -> str:
+    """The operating-system reason of a failed write (``No space left on device (errno 28)``), else the error's
+    first 200 characters on one line."""
+    import re
+
+    text = str(err)
+    m = re.search(r"os_error_code=\\?'?(\d+)", text) or re.search(r"\[Errno (\d+)\]", text)
+    if isinstance(err, OSError) and err.errno:
+        return f"{os.strerror(err.errno)} (errno {err.errno})"
+    if m:
+        return f"{os.strerror(int(m[1]))} (errno {m[1]})"
+    return f"{type(err).__name__}: {' '.join(text.split())[:200]}"
 
 
 class _ClosedLoopFilter(logging.Filter):
@@ -159,6 +204,9 @@ def _hold_back_closed_loop_errors() -> None:
         log = logging.getLogger(name)
         if not any(isinstance(f, _ClosedLoopFilter) for f in log.filters):
             log.addFilter(_ClosedLoopFilter())
+    absl_log = logging.getLogger("absl")
+    if not any(isinstance(f, _FailedWriteFilter) for f in absl_log.filters):
+        absl_log.addFilter(_FailedWriteFilter())
 
 
 @contextlib.contextmanager
@@ -195,8 +243,29 @@ class Checkpointer:
         self.keep_last = int(keep_last)
         opts = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=async_save,
                                             cleanup_tmp_directories=True, create=True)
+        _WRITE_DIRS.add(str(self.directory) + os.sep)
+        _hold_back_closed_loop_errors()   # before any save: a failed write is reported by save/wait, once
+        self._write_failed = False
+        self._on_close: list[Callable[[], None]] = []
+        self._pending: int | None = None   # the step of the newest save not yet known to be complete
         self.manager = ocp.CheckpointManager(self.directory, options=opts)
         self._verified = {s for s in self.all_steps() if self._read_meta_file(s).get("verified") is True}
+
+    def temporary_folders(self) -> list[Path]:
+        """Leftover ``*.orbax-checkpoint-tmp`` folders of interrupted writes in the directory."""
+        return sorted(p for p in self.directory.glob("*.orbax-checkpoint-tmp"))
+
+    def _write_error(self, step: int | None, err: BaseException) -> CheckpointWriteError:
+        """Remove the partial step folders and describe the failed write of ``step`` in one line."""
+        import shutil
+
+        self._write_failed = True
+        for tmp in self.temporary_folders():
+            shutil.rmtree(tmp, ignore_errors=True)
+        where = self.directory / (str(step) if step is not None else "")
+        return CheckpointWriteError(f"checkpoint {where} could not be written: {_short_os_error(err)}; its partial "
+                                    "files were removed (free disk space or set trainer.output_dir to another disk, "
+                                    "then resume with trainer.resume=auto)")
 
     # ------------------------------------------------------------------ listing
     def latest_step(self) -> int | None:
@@ -230,9 +299,14 @@ class Checkpointer:
         # the next update step donates (reuses) the state's buffers while the write runs in the
         # background, so the asynchronous save gets its own copy
         snapshot = jax.tree.map(lambda x: x.copy(), state)
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(snapshot),
-            meta=ocp.args.JsonSave(dict(meta, step=step, verified=bool(verified)))), force=True)
+        try:   # an earlier asynchronous save that failed raises here
+            self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(snapshot),
+                meta=ocp.args.JsonSave(dict(meta, step=step, verified=bool(verified)))), force=True)
+        except Exception as e:  # noqa: BLE001 - a failed write is re-raised as one line
+            failed = self._pending if self._pending is not None and _names_a_failed_write(str(e)) else step
+            raise self._write_error(failed, e) from None
+        self._pending = step
         if verified:
             self._verified.add(step)
         else:
@@ -307,9 +381,10 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - re-raised as a mismatch or damage with the directory
                 _join_restore_barrier()
                 err = self._classify(int(step), like, e)
-                if isinstance(err, CheckpointDamagedError):   # as the late errors spell it: absolute, maybe resolved
-                    d = Path(self.directory) / str(step)
-                    _REPORTED_DAMAGED.update({os.path.abspath(d) + os.sep, str(d.resolve()) + os.sep})
+                # damaged or of another shape: Orbax's abandoned reads of its files report late errors that name
+                # them (as the late errors spell it: absolute, maybe resolved)
+                d = Path(self.directory) / str(step)
+                _REPORTED_DAMAGED.update({os.path.abspath(d) + os.sep, str(d.resolve()) + os.sep})
                 raise err from e
 
     @staticmethod
@@ -383,9 +458,34 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ lifecycle
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Wait for the background write; a failed one is a ``CheckpointWriteError`` (partial files removed)."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - a failed write is re-raised as one line
+            raise self._write_error(self._pending, e) from None
+        self._pending = None
         self._rotate()
 
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` when :meth:`close` ends, however it ends (e.g. release the run folder's lock)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
-        self.wait()
-        self.manager.close()
+        """Wait for the background write and close; after a ``CheckpointWriteError`` has been raised, closing raises
+        nothing more (the failure was reported once). The :meth:`on_close` callbacks run last."""
+        try:
+            if self._write_failed:
+                with contextlib.suppress(Exception):
+                    self.manager.close()
+                return
+            try:
+                self.wait()
+            except CheckpointWriteError:
+                with contextlib.suppress(Exception):
+                    self.manager.close()
+                raise
+            self.manager.close()
+        finally:
+            callbacks, self._on_close = self._on_close, []
+            for fn in callbacks:
+                fn()

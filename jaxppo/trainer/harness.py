@@ -25,6 +25,9 @@ harness owns everything else, once:
 - the data: the run's data report (rows seen, kept, skipped by reason) is printed at the start and written into
   ``summary.json``; a trainer's build calls :func:`check_rows` to stop on fewer usable rows than one minibatch or
   no held-out prompt while ``data.eval_fraction > 0``;
+- preemption: SIGTERM / SIGINT during the step loop stop the run after the current step, agreed by every process,
+  with that step's checkpoint written completely (:mod:`jaxppo.preemption`: ``Preempted`` is raised; a second
+  signal aborts at once);
 - the end: the trainer's final summary, ``hf/`` export, ``plots/`` and ``summary.json``.
 """
 
@@ -41,6 +44,7 @@ import numpy as np
 
 from jaxppo.config import to_dict
 from jaxppo.parallel.host import broadcast_from_main, float_from_main, from_host, is_main_process, to_host
+from jaxppo.preemption import Preempted, PreemptionWatch
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.run_dir import RunStart, metrics_logger, start_run
 
@@ -251,6 +255,7 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
     compile_s = None
     # cumulative update-step time (evaluation, checkpoints and logging excluded), carried across resumes
     train_time = float(rs.meta.get("train_time_s", 0.0))
+    watch = PreemptionWatch().__enter__()   # SIGTERM/SIGINT: stop at the next step boundary with a checkpoint
     try:
         if start == 0:
             # the first "last good" checkpoint for rollbacks: verified by the perplexity baseline (already there
@@ -291,11 +296,18 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
                 state = apply_action(algo, ckpt, state, act, step_no, mlog)
             # verified: the perplexity guard checked this step's policy and nothing was rolled back
             verified = ppl_checked and not any(a.kind == "rollback" for a in actions)
-            if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified:
+            preempted = watch.requested()   # the same answer on every process
+            if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified or preempted:
                 if not ckpt.save(step_no, state, _meta(algo, guards, train_time), verified=verified):
                     mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
+            if preempted:
+                ckpt.wait()
+                mlog.event(step_no, "preempted", f"{watch.signame}: stopped after step {step_no}",
+                           checkpoint_step=ckpt.latest_step())
+                raise Preempted(step_no, ckpt.latest_step(), ckpt.directory, watch.signame)
         ckpt.wait()
     finally:
+        watch.__exit__(None, None, None)
         mlog.close()
         ckpt.close()
     timing = dict(setup_s=rs.t_setup, train_s=time.perf_counter() - t_train0, compile_s=compile_s or 0.0,

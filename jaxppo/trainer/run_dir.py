@@ -1,6 +1,8 @@
 """The start of a trainer run (the run folder), used by the run harness (``jaxppo.trainer.harness.fit``).
 
-:func:`start_run`: create ``trainer.output_dir`` and write its ``config.json``; build the run (unless one is given)
+:func:`start_run`: create ``trainer.output_dir``, take its lock (one writer per folder: a second trainer or sweep
+run on the same folder gets ``RunFolderBusy`` naming the holder; a stale lock is taken over) and remove the temporary
+checkpoint folders of interrupted writes (both reported), and write its ``config.json``; build the run (unless one is given)
 and time it (``t_setup``); open the ``Checkpointer`` of ``<output_dir>/checkpoints`` (every ``trainer.save_every``
 steps, keeping ``trainer.keep_last``); then, by ``trainer.resume``:
 
@@ -9,7 +11,8 @@ steps, keeping ``trainer.keep_last``); then, by ``trainer.resume``:
   the loop starts at its step with its guard state;
 - otherwise (or with nothing to restore): from step 0 with the run's initial state and fresh guards.
 
-The checkpointer is closed before any error leaves :func:`start_run`; afterwards the caller owns it.
+The checkpointer is closed (and the lock released) before any error leaves :func:`start_run`; afterwards the caller
+owns the checkpointer, and closing it releases the lock.
 :func:`metrics_logger` opens the run's ``MetricsLogger`` the same way for both loops.
 """
 
@@ -26,6 +29,7 @@ import jax
 
 from jaxppo.config import ConfigError, to_dict
 from jaxppo.parallel.host import is_main_process
+from jaxppo.run_folder import RunLock
 from jaxppo.trainer.checkpoint import Checkpointer
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -55,14 +59,20 @@ def start_run(cfg: Any, build: Callable[[Any], Any], run: Any = None) -> RunStar
     tc = cfg.trainer
     out = Path(tc.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if is_main_process():
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
-    run = build(cfg) if run is None else run
-    t_setup = time.perf_counter() - t_start
-    state = run.state
-    # several processes: synchronous saves (Orbax's background commit interleaved with the training programs
-    # differently on each process and deadlocked 2 CPU processes)
-    ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=jax.process_count() == 1)
+    lock = lock_run_folder(out)
+    try:
+        if is_main_process():
+            (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2), encoding="utf-8")
+        run = build(cfg) if run is None else run
+        t_setup = time.perf_counter() - t_start
+        state = run.state
+        # several processes: synchronous saves (Orbax's background commit interleaved with the training programs
+        # differently on each process and deadlocked 2 CPU processes)
+        ckpt = Checkpointer(out / "checkpoints", keep_last=tc.keep_last, async_save=jax.process_count() == 1)
+    except BaseException:
+        lock.release()
+        raise
+    ckpt.on_close(lock.release)
     guards = Guards(cfg.guards)
     start, meta = 0, {}
     if tc.resume == "never" and ckpt.all_steps():
@@ -86,6 +96,38 @@ def start_run(cfg: Any, build: Callable[[Any], Any], run: Any = None) -> RunStar
                     damaged=damaged, t_start=t_start, t_setup=t_setup)
 
 
+def lock_run_folder(out: Path) -> RunLock:
+    """Take the run folder's lock (:class:`jaxppo.run_folder.RunLock`; process 0 holds it for all processes, and
+    all of them raise ``RunFolderBusy`` when it cannot), then remove the temporary checkpoint folders an interrupted
+    write left (only the lock holder may). A stale lock taken over and the folders removed are logged and printed."""
+    from jaxppo.run_folder import RunFolderBusy, remove_temporary_checkpoints
+
+    lock, busy = RunLock(out), None
+    if is_main_process():
+        try:
+            note = lock.acquire()
+        except RunFolderBusy as e:
+            busy = e
+        else:
+            removed = remove_temporary_checkpoints(out / "checkpoints")
+            if removed:
+                note = (f"{note}; " if note else "") + (f"removed {len(removed)} unfinished checkpoint folder(s) of an "
+                                                        f"interrupted write: {', '.join(p.name for p in removed)}")
+            if note:
+                logger.warning("%s", note)
+                print(f"note: {note}", flush=True)
+    if jax.process_count() > 1:
+        import numpy as np
+
+        from jaxppo.parallel.host import broadcast_from_main
+
+        if not bool(broadcast_from_main(np.int32(busy is None))):
+            raise busy or RunFolderBusy(f"trainer.output_dir={out} is in use (process 0 could not take its lock)")
+    elif busy is not None:
+        raise busy
+    return lock
+
+
 def metrics_logger(cfg: Any, out: Path, start: int, ckpt: Checkpointer | None = None):
     """The run's ``MetricsLogger`` (``trainer.logger`` / ``tensorboard`` / ``progress`` / ``run_name`` / ``group``),
     counting from step ``start``; when it cannot be opened, ``ckpt`` (if given) is closed before the error
@@ -105,4 +147,4 @@ def metrics_logger(cfg: Any, out: Path, start: int, ckpt: Checkpointer | None = 
         raise
 
 
-__all__ = ["RunStart", "metrics_logger", "start_run"]
+__all__ = ["RunStart", "lock_run_folder", "metrics_logger", "start_run"]

@@ -20,10 +20,54 @@ def test_jsonl_and_gz_and_array(tmp_path):
     with gzip.open(tmp_path / "b.jsonl.gz", "wt", encoding="utf-8") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in ROWS))
     (tmp_path / "c.json").write_text(json.dumps(ROWS), encoding="utf-8")
-    for p in (a, tmp_path / "b.jsonl.gz", tmp_path / "c.json"):
+    for p, reader in ((a, "datasets"), (tmp_path / "b.jsonl.gz", "datasets"), (tmp_path / "c.json", "json (one array)")):
         rep = DataReport()
         assert read_records(str(p), cache_dir=str(tmp_path / "cache"), report=rep) == ROWS
-        assert rep.notes["reader"] == "datasets"
+        assert rep.notes["reader"] == reader
+        assert rep.skipped == {}
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "array", "parquet", "bad_line_jsonl"])
+def test_non_finite_scores_are_non_finite_whatever_the_reader(tmp_path, layout):
+    """NaN / Infinity / -Infinity scores reach validation as non-finite floats (``non_finite_score``), never as a
+    missing field, through every reader: datasets' JSON lines and parquet readers, the JSON array reader and the
+    line-by-line fallback after a bad line."""
+    import math
+
+    import datasets
+
+    from jaxppo.data.validation import validate_scored
+
+    rows = [dict(ROWS[0], score=v) for v in (float("nan"), float("inf"), float("-inf"), 0.25)]
+    if layout == "parquet":
+        p = tmp_path / "d.parquet"
+        datasets.Dataset.from_list(rows).to_parquet(str(p))
+    elif layout == "array":
+        p = tmp_path / "d.json"
+        p.write_text(json.dumps(rows), encoding="utf-8")        # json.dumps writes NaN / Infinity
+    else:
+        p = _jsonl(tmp_path / "d.jsonl", rows)
+        if layout == "bad_line_jsonl":
+            p.write_text(p.read_text() + "{broken\n", encoding="utf-8")
+    rep = DataReport()
+    got = read_records(str(p), cache_dir=str(tmp_path / "cache"), report=rep)
+    assert [math.isnan(r["score"]) or r["score"] for r in got] == [True, math.inf, -math.inf, 0.25]
+    kept = validate_scored(got, report=rep)
+    assert [t.score for t in kept] == [0.25]
+    assert rep.skipped == ({"non_finite_score": 3, "invalid_json": 1} if layout == "bad_line_jsonl"
+                           else {"non_finite_score": 3})
+
+
+def test_a_file_datasets_cannot_parse_logs_nothing_of_datasets(tmp_path, caplog):
+    """datasets logs an ERROR record (with the absolute path) when its JSON reader fails; the line-by-line reader
+    handles the file, so no record of datasets' loggers is emitted."""
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(b'\x80\x81{}\n{"prompt": "a", "response": "b", "score": 1}\n')
+    rep = DataReport()
+    rows = read_records(str(p), cache_dir=str(tmp_path / "cache"), report=rep)
+    assert len(rows) == 1 and rep.skipped == {"invalid_utf8": 1}
+    assert rep.notes["reader"].startswith("line-by-line")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("datasets")] == []
 
 
 def test_parquet_arrow_and_save_to_disk(tmp_path):

@@ -1,5 +1,7 @@
 """GGUF import: tiny GGUF files written like llama.cpp's converter, their errors, and the real SmolLM2 GGUF."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,17 +129,21 @@ def test_smollm2_gguf_answers_paris():
 
 
 @pytest.mark.parametrize("keep", [0.3, 0.6, 0.999])
-def test_truncated_gguf_names_the_file_and_says_truncated(tmp_path, keep):
-    """A GGUF cut short (an interrupted download) used to fail with the reader's "cannot reshape array of size
-    ... into shape ..." (behind "not a readable GGUF file")."""
+def test_truncated_gguf_names_the_file_and_the_tensor(tmp_path, keep):
+    """A GGUF cut short (an interrupted download) fails naming the file and the first tensor (in file order) whose
+    data runs past the cut, not with the reader's "cannot reshape array of size ... into shape ..."."""
+    from gguf import GGUFReader
+
     hf = make_hf_model("llama")
     path = write_gguf(hf, tmp_path / "full.gguf")
     data = path.read_bytes()
     n = int(len(data) * keep) // 32 * 32       # GGUF aligns tensor data to 32 bytes
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[:n])
-    with pytest.raises(ValueError, match=rf"^{cut}: the GGUF file is truncated: it has {n} bytes and a tensor of "
-                                         r"shape \(\d+, ?\d*\) finds only \d+ of its values \(an incomplete "):
+    first_cut = next(t for t in GGUFReader(str(path)).tensors if t.data_offset + t.n_bytes > n)
+    with pytest.raises(ValueError, match=rf"^{cut}: the GGUF file is truncated: it has {n} bytes but tensor "
+                                         rf"'{re.escape(first_cut.name)}' \(shape \(\d+(, \d+)?,?\)\) needs bytes up "
+                                         rf"to {first_cut.data_offset + first_cut.n_bytes} \(an incomplete "):
         load_pretrained(cut)
 
 

@@ -1,0 +1,74 @@
+"""Two processes (``launch/multihost.py``, jax.distributed on 127.0.0.1), one run folder, two faults in turn:
+
+1. SIGTERM to process 1 only: the flag is agreed at the step boundary, so both processes stop after the same step,
+   write that checkpoint together and exit 75 with the same line;
+2. the run resumed from it (both processes, ``trainer.resume=auto``) continues from that step; then process 1 is
+   SIGKILLed: process 0 stops with one line naming process 1 and the last complete checkpoint, and exit status 76,
+   instead of the runtime's native abort (kept in ``crash-process0.log``).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from tests.faults.conftest import TINY
+from tests.multihost import procs
+from tests.resume_helpers import rows
+
+REPO = procs.REPO
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _start(stories_model, data, out, logdir, *extra: str):
+    return procs.start(procs.python(str(REPO / "launch/multihost.py"), "train", f"model.path={stories_model}",
+                                    f"data.path={data}", f"trainer.output_dir={out}", *TINY, "data.eval_fraction=0",
+                                    "trainer.save_every=2", "trainer.log_every=1", "trainer.total_steps=400",
+                                    *procs.MESH, *extra),
+                       n=2, devices=4, logdir=logdir, env={"JAXPPO_HEARTBEAT_TIMEOUT_S": "8"})
+
+
+def _wait_for(path, ps, limit: float = 600) -> None:
+    t0 = time.monotonic()
+    while not path.is_dir():
+        assert time.monotonic() - t0 < limit and all(p.poll() is None for p, _, _ in ps), \
+            "\n".join(r.describe() for r in procs.wait(ps, 1))
+        time.sleep(0.2)
+
+
+def test_preempting_one_process_stops_both_then_a_dead_peer_is_one_line(tmp_path, stories_model, scored_data):
+    out = tmp_path / "run"
+    ps = _start(stories_model, scored_data, out, tmp_path / "logs1")
+    _wait_for(out / "checkpoints" / "2", ps)
+    ps[1][0].send_signal(signal.SIGTERM)        # its supervisor passes it on to the training child
+    res = procs.wait(ps, timeout=300)
+    lines = [r.stderr.strip().splitlines()[-1] for r in res]
+    assert [r.returncode for r in res] == [75, 75], "\n".join(r.describe() for r in res)
+    m = re.fullmatch(r"python -m jaxppo\.train: preempted at step (\d+); saved checkpoint \1; resume with "
+                     r"trainer\.resume=auto", lines[0])
+    assert m and lines[1] == lines[0], lines
+    step = int(m[1])
+    assert (out / "checkpoints" / str(step)).is_dir() and not list(out.rglob("*.orbax-checkpoint-tmp"))
+    assert [r["step"] for r in rows(out / "metrics.jsonl")] == list(range(1, step + 1))
+
+    ps = _start(stories_model, scored_data, out, tmp_path / "logs2", "trainer.resume=auto")
+    nxt = step + 2 - step % 2
+    _wait_for(out / "checkpoints" / str(nxt), ps)
+    ps[1][0].send_signal(signal.SIGKILL)        # its supervisor: the training child dies with it
+    res = procs.wait(ps, timeout=180)
+    survivor = res[0]
+    assert survivor.returncode == 76, survivor.describe()
+    last = survivor.stderr.strip().splitlines()[-1]
+    m = re.fullmatch(r"launch/multihost\.py: process 0: (process 1 of 2 died \(it stopped sending heartbeats\)|a peer "
+                     r"process of 2 died \(its connection to process 0 was lost\)); the run stopped; last complete "
+                     r"checkpoint: step (\d+) in (\S+); restart every process with trainer\.resume=auto "
+                     r"\(runtime report in (\S+)\)", last)
+    assert m, survivor.stderr[-3000:]
+    assert int(m[2]) >= nxt and (out / "checkpoints" / m[2]).is_dir() and m[3] == str(out / "checkpoints")
+    assert m[4] == str(out / "crash-process0.log") and (out / "crash-process0.log").read_text().strip()
+    assert "Traceback" not in survivor.stderr and "Fatal Python error" not in survivor.stderr
+    logged = [r["step"] for r in rows(out / "metrics.jsonl")]
+    assert logged[:step + 1] == list(range(1, step + 2))   # the resumed run went on from the preempted step
