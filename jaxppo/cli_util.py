@@ -49,7 +49,7 @@ def parse_args_and_config(prog: str, description: str, argv: Sequence[str] | Non
 def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> None:
     """Write jaxppo's INFO logs to ``out_dir/name`` (console output is printed by the commands).
 
-    ``out_dir`` is created first (:func:`jaxppo.run_folder.prepare_output_dir`: an unusable folder is an
+    ``out_dir`` is created first (:func:`jaxppo.trainer.run_folder.prepare_output_dir`: an unusable folder is an
     ``OutputDirError`` naming ``trainer.output_dir``, a user error of :func:`run_cli`).
 
     A handler added by an earlier call is replaced, so repeated calls in one process do not stack. Under several
@@ -62,7 +62,7 @@ def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> N
         h.close()
     jax = sys.modules.get("jax")   # imported (and initialised) by launch/multihost.py under several processes
     if out_dir is not None:
-        from jaxppo.run_folder import prepare_output_dir
+        from jaxppo.trainer.run_folder import prepare_output_dir
 
         prepare_output_dir(out_dir)
     if out_dir is not None and (jax is None or jax.process_index() == 0):
@@ -90,11 +90,11 @@ def run_cli(prog: str, work: Callable[[], T], report: Callable[[T], Any] | None 
     An exception of ``USER_ERRORS`` or ``errors`` raised by ``work`` is printed by :func:`report_user_error`
     (``prog: error: <type>: <message>``) and gives status 2; with ``config_error_form`` a ``ConfigError`` is
     printed as ``prog: config error: <message>`` (the form of a bad key at parse time). A run stopped by a signal
-    (``jaxppo.preemption.Preempted``) prints ``prog: preempted at step N; saved checkpoint N; resume with
+    (``jaxppo.trainer.preemption.Preempted``) prints ``prog: preempted at step N; saved checkpoint N; resume with
     trainer.resume=auto`` and gives ``PREEMPTED_EXIT`` (75). Anything else propagates. Otherwise the status is 0.
     """
     from jaxppo.config import ConfigError
-    from jaxppo.preemption import PREEMPTED_EXIT, Preempted
+    from jaxppo.trainer.preemption import PREEMPTED_EXIT, Preempted
 
     try:
         result = work()

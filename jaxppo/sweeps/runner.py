@@ -13,7 +13,7 @@
 - ``JAX_COMPILATION_CACHE_DIR`` is set to ``<sweep>/xla_cache`` unless the environment already sets one,
   so runs of the same shapes compile once.
 - One sweep per run at a time: a sweep claims a run (an exclusive lock, ``<run>/.sweep-claim.lock``,
-  :class:`jaxppo.run_folder.RunLock`) before it starts it and holds the claim until the run's process ends. A run
+  :class:`jaxppo.trainer.run_folder.RunLock`) before it starts it and holds the claim until the run's process ends. A run
   claimed by another live sweep (the same sweep file started twice, or two array tasks) is put aside; once this
   sweep has nothing else to run it waits for each such claim, then skips the run when the other sweep finished it
   and runs it otherwise (the other sweep died or the run failed). So concurrent sweeps of one file run every run
@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jaxppo.run_folder import RunFolderBusy, RunLock
+from jaxppo.trainer.run_folder import RunFolderBusy, RunLock
 from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec
 
 FAILURES_FILE = "failures.json"
@@ -168,7 +168,7 @@ def _write_failures(out_dir: Path, failures: dict[str, dict]) -> None:
 def _update_failures(out_dir: Path, key: str, record: dict | None) -> dict[str, dict]:
     """Set (``record``) or clear (None) the failure of run ``key`` in ``failures.json``, read and written under the
     file's lock (another sweep of the same folder may update it at the same time); returns the new contents."""
-    from jaxppo.run_folder import RunLock
+    from jaxppo.trainer.run_folder import RunLock
 
     lock = RunLock(out_dir, key="sweep output_dir", name=f".{FAILURES_FILE}.lock")
     lock.acquire(wait=True)

@@ -26,7 +26,7 @@ harness owns everything else, once:
   ``summary.json``; a trainer's build calls :func:`check_rows` to stop on fewer usable rows than one minibatch or
   no held-out prompt while ``data.eval_fraction > 0``;
 - preemption: SIGTERM / SIGINT during the step loop stop the run after the current step, agreed by every process,
-  with that step's checkpoint written completely (:mod:`jaxppo.preemption`: ``Preempted`` is raised; a second
+  with that step's checkpoint written completely (:mod:`jaxppo.trainer.preemption`: ``Preempted`` is raised; a second
   signal aborts at once);
 - the end: the trainer's final summary, ``hf/`` export, ``plots/`` and ``summary.json``.
 """
@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxppo.config import to_dict
 from jaxppo.parallel.host import broadcast_from_main, float_from_main, from_host, is_main_process, to_host
-from jaxppo.preemption import Preempted, PreemptionWatch
+from jaxppo.trainer.preemption import Preempted, PreemptionWatch
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.run_dir import RunStart, metrics_logger, start_run
 

@@ -29,7 +29,7 @@ import jax
 
 from jaxppo.config import ConfigError, to_dict
 from jaxppo.parallel.host import is_main_process
-from jaxppo.run_folder import RunLock
+from jaxppo.trainer.run_folder import RunLock
 from jaxppo.trainer.checkpoint import Checkpointer
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -97,10 +97,10 @@ def start_run(cfg: Any, build: Callable[[Any], Any], run: Any = None) -> RunStar
 
 
 def lock_run_folder(out: Path) -> RunLock:
-    """Take the run folder's lock (:class:`jaxppo.run_folder.RunLock`; process 0 holds it for all processes, and
+    """Take the run folder's lock (:class:`jaxppo.trainer.run_folder.RunLock`; process 0 holds it for all processes, and
     all of them raise ``RunFolderBusy`` when it cannot), then remove the temporary checkpoint folders an interrupted
     write left (only the lock holder may). A stale lock taken over and the folders removed are logged and printed."""
-    from jaxppo.run_folder import RunFolderBusy, remove_temporary_checkpoints
+    from jaxppo.trainer.run_folder import RunFolderBusy, remove_temporary_checkpoints
 
     lock, busy = RunLock(out), None
     if is_main_process():

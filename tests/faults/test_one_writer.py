@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from jaxppo.run_folder import LOCK_FILE, RunFolderBusy, RunLock
+from jaxppo.trainer.run_folder import LOCK_FILE, RunFolderBusy, RunLock
 from tests.faults.conftest import REPO, one_line_error, overrides, run_module
 
 HOLD = textwrap.dedent("""
     import sys, time, pathlib
-    from jaxppo.run_folder import RunLock
+    from jaxppo.trainer.run_folder import RunLock
     lock = RunLock(sys.argv[1])
     lock.acquire()
     pathlib.Path(sys.argv[2]).write_text("held")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 
-from jaxppo.preemption import PREEMPTED_EXIT, PreemptionWatch
+from jaxppo.trainer.preemption import PREEMPTED_EXIT, PreemptionWatch
 from tests.faults.conftest import REPO, cli_env, overrides
 from tests.resume_helpers import deterministic_rows, rows
 
