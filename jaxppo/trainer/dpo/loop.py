@@ -49,6 +49,7 @@ from jaxppo.trainer.dpo.step import (
 )
 from jaxppo.trainer.harness import Algorithm, check_rows
 from jaxppo.trainer.harness import fit as fit_with
+from jaxppo.trainer.policy import Policy, PolicyRun
 from jaxppo.trainer.run_dir import RunStart
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -58,34 +59,18 @@ ROLLBACK_FIELDS = ("actor", "actor_opt", "data_cursor")
 
 
 @dataclasses.dataclass
-class DPORun:
+class DPORun(PolicyRun):
     cfg: Any
     mesh: Any
     tokenizer: Any
     model_path: str
-    graphdef: Any
-    ref_params: Any
+    parts: Policy                   # the policy's graphdef, reference and (adapters) frozen base
     state: DPOState
     step: Any                       # jitted (state, batch) -> (state, metrics)
     train: dict[str, np.ndarray]    # PAIR_KEYS + group_id, index
     heldout: dict[str, np.ndarray]
     batch_shardings: dict[str, Any]
     report: Any = None
-    base: Any = None                # adapters (model.lora.rank > 0): the frozen base; ref_params all-zero factors
-
-    def params_of(self, params):
-        """What ``pair_logps`` takes: ``params``, or ``(params, base)`` with adapters."""
-        return params if self.base is None else (params, self.base)
-
-    def policy(self, params=None):
-        from jaxppo.models.adapters import merge_with_base
-
-        return merge_with_base(self.graphdef, self.state.actor if params is None else params, self.base)
-
-    def reference(self):
-        from jaxppo.models.adapters import merge_with_base
-
-        return merge_with_base(self.graphdef, self.ref_params, self.base)
 
 
 def check_dpo_config(cfg: Any, n_devices: int) -> None:
@@ -163,10 +148,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxppo.data.behaviour import default_cache_dir
-    from jaxppo.hf import load_pretrained, load_tokenizer
-    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
-    from jaxppo.models.adapters import reference_adapters, split_frozen, with_adapters
-    from jaxppo.models.dtypes import dtype_of
+    from jaxppo.hf.paths import resolve_model_path
     from jaxppo.models.lora import spec_from_config
     from jaxppo.optim import (
         init_optimizer,
@@ -174,21 +156,20 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         make_optimizer,
         replicate_leaves,
         shardings_of,
-        split_params,
     )
     from jaxppo.parallel import batch_sharding
     from jaxppo.trainer.mesh import mesh_from_config
+    from jaxppo.hf.from_config import load_model, load_tokenizer_of
+    from jaxppo.trainer.policy import split_policy
 
     devices = list(jax.devices() if devices is None else devices)
     check_dpo_config(cfg, len(devices))
     mesh, rules = mesh_from_config(cfg.mesh, devices)
     model_path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+    tokenizer = load_tokenizer_of(cfg.model)
     arrays, group, report = load_pairs(cfg, tokenizer)
-    model = load_pretrained(model_path, dtype=dtype_of(cfg.model.param_dtype),
-                            compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh, rules=rules,
-                            remat=cfg.model.remat)
-    model = with_adapters(model, cfg.model.lora, seed=cfg.trainer.seed, mesh=mesh, rules=rules)  # before the reference pass
+    model = load_model(cfg.model, model_path, mesh=mesh, rules=rules, remat=cfg.model.remat,
+                       adapters_seed=cfg.trainer.seed)
     cache_dir = cfg.data.cache_dir if cfg.data.cache_dir is not None else default_cache_dir(cfg.data.path)
     arrays["ref_chosen"], arrays["ref_rejected"] = reference_logps(
         arrays, model_path=model_path, model=model, cache_dir=cache_dir, batch_size=cfg.data.behaviour_batch_size,
@@ -200,14 +181,9 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
     heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
 
-    base = None
+    pol = split_policy(model)
+    params = pol.params
     spec = spec_from_config(cfg.model.lora)
-    if spec is None:
-        graphdef, params = split_params(model)
-        ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
-    else:   # adapters on the frozen base; the reference is the base itself (no copy)
-        graphdef, params, base = split_frozen(model)
-        ref_params = reference_adapters(params)   # adapters off: the base itself, no copy
     total = cfg.trainer.total_steps
     tx = make_optimizer(cfg.actor.optim, total, params)   # 16-bit parameters: a float32 master copy
     rep = NamedSharding(mesh, PartitionSpec())
@@ -217,12 +193,16 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
                      nan_streak=scalar(0, jnp.int32), data_cursor=scalar(0, jnp.int32))
     state = replicate_leaves(state, mesh)
     batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in PAIR_KEYS}
-    step = make_dpo_step(graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
-                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=base,
+    step = make_dpo_step(pol.graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
+                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=pol.base,
                          lora_dropout=0.0 if spec is None else spec.dropout, seed=cfg.trainer.seed)
-    return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, graphdef=graphdef,
-                  ref_params=ref_params, state=state, step=step, train=train, heldout=heldout,
-                  batch_shardings=batch_sh, report=report, base=base)
+    return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, parts=pol, state=state, step=step,
+                  train=train, heldout=heldout, batch_shardings=batch_sh, report=report)
+
+
+def batch_rows(run: DPORun, cursor: int) -> np.ndarray:
+    """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``)."""
+    return batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, run.train["prompt_ids"].shape[0])
 
 
 def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
@@ -238,7 +218,7 @@ def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tup
     from jaxppo.ops import dpo_loss
 
     d = run.cfg.dpo
-    pc, pr = pair_logps(run.graphdef, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size)
+    pc, pr = pair_logps(run.actor_gd, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size)
     lengths = dict(chosen_length=arrays["chosen_mask"].sum(1), rejected_length=arrays["rejected_mask"].sum(1))
     loss, m = dpo_loss(pc, pr, arrays["ref_chosen"], arrays["ref_rejected"], beta=d.beta, loss_type=d.loss_type,
                        label_smoothing=d.label_smoothing, rpo_alpha=d.rpo_alpha, **lengths)

@@ -36,7 +36,8 @@ import numpy as np
 
 from jaxppo.trainer.harness import Algorithm
 from jaxppo.trainer.harness import fit as fit_with
-from jaxppo.trainer.ppo.setup import Run, build_run, load_window
+from jaxppo.trainer.ppo.build import Run, build_run
+from jaxppo.trainer.ppo.windows import load_window
 from jaxppo.trainer.run_dir import RunStart
 
 logger = logging.getLogger("jaxppo.trainer")
