@@ -205,10 +205,10 @@ def batch_rows(run: DPORun, cursor: int) -> np.ndarray:
     return batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, run.train["prompt_ids"].shape[0])
 
 
-def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
-    """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``), on the mesh."""
-    n = run.train["prompt_ids"].shape[0]
-    idx = batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, n)
+def make_batch(run: DPORun, cursor: int, rows: np.ndarray | None = None) -> dict[str, jax.Array]:
+    """The training pairs at stream positions ``cursor ..`` on the mesh; ``rows``: their :func:`batch_rows` when
+    the caller has them."""
+    idx = batch_rows(run, cursor) if rows is None else rows
     return {k: from_host(run.train[k][idx], run.batch_shardings[k]) for k in PAIR_KEYS}
 
 
@@ -258,9 +258,9 @@ class DPO(Algorithm):
     def before_step(self, state: DPOState, s: int):
         cursor = int(to_host(state.data_cursor))
         tr = self.run.train
-        idx = batch_indices(self.cfg.data.seed, cursor, self.cfg.dpo.batch_size, tr["prompt_ids"].shape[0])
+        idx = batch_rows(self.run, cursor)
         self._batch_tokens = float(np.asarray(tr["chosen_mask"])[idx].sum() + np.asarray(tr["rejected_mask"])[idx].sum())
-        return state, make_batch(self.run, cursor)
+        return state, make_batch(self.run, cursor, idx)
 
     def step_extras(self, state: DPOState, step_no: int, metrics: dict[str, float]) -> None:
         """``train/samples_consumed`` (pairs: ``step x dpo.batch_size``, NaN-skipped steps included, as PPO) and
@@ -334,14 +334,10 @@ def fit_dpo(cfg: Any, *, run: DPORun | None = None) -> tuple[dict[str, Any], DPO
 
 
 def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any]) -> None:
-    """The PPO trainer's final before/after evaluation on the held-out prompts (module doc): the shared
-    ``jaxppo.trainer.evaluation`` path (``heldout_eval``, ``final_summary``, ``write_eval_samples``)."""
+    """The PPO trainer's final before/after evaluation on the held-out prompts (module doc,
+    ``jaxppo.trainer.evaluation.before_after``), skipped with a warning without the configured reward model."""
     from jaxppo.models.eos import eos_ids
-    from jaxppo.trainer.evaluation import (
-        final_summary,
-        heldout_eval,
-        write_eval_samples,
-    )
+    from jaxppo.trainer.evaluation import before_after, heldout_eval
 
     cfg = run.cfg
     rc = cfg.reward
@@ -354,14 +350,8 @@ def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any
         return
     ref = run.reference()
     ev = heldout_eval(cfg, run.heldout, run.tokenizer, eos_ids(ref.config, run.tokenizer))
-    if not ev.available:
-        logger.warning("no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
-        return
-    before = ev(ref, ref)
-    after = ev(run.policy(state.actor), ref)
-    summary.update(final_summary(ev, before, after))
-    write_eval_samples(out / "eval_samples.jsonl", before, after)
+    summary.update(before_after(ev, out, lambda: ev(ref, ref), lambda: ev(run.policy(state.actor), ref)))
 
 
-__all__ = ["DPO", "DPORun", "ROLLBACK_FIELDS", "build_dpo_run", "check_dpo_config", "fit_dpo", "load_pairs",
+__all__ = ["DPO", "DPORun", "ROLLBACK_FIELDS", "batch_rows", "build_dpo_run", "check_dpo_config", "fit_dpo", "load_pairs",
            "make_batch", "pair_metrics", "reference_logps", "train_dpo"]
