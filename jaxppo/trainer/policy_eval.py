@@ -76,11 +76,10 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     """Run the evaluation described by the module doc; writes ``cfg.trainer.output_dir`` and returns eval.json."""
     import jax
 
-    from jaxppo.config import ConfigError
     from jaxppo.hf.from_config import load_model, load_tokenizer_of
     from jaxppo.hf.paths import resolve_model_path
     from jaxppo.models.eos import eos_ids
-    from jaxppo.trainer.mesh import mesh_from_config
+    from jaxppo.trainer.mesh import check_mesh_size, mesh_from_config
     from jaxppo.rewards import reward_fn_from_config
     from jaxppo.trainer.evaluation import (
         compare,
@@ -97,12 +96,8 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     tokenizer = load_tokenizer_of(cfg.model)
 
     devices = list(jax.devices() if devices is None else devices)
-    m = cfg.mesh
-    n_mesh = m.data * m.fsdp * m.tensor
-    if n_mesh > len(devices):
-        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n_mesh} devices, but only "
-                          f"{len(devices)} are available")
-    mesh, rules = mesh_from_config(m, devices[:n_mesh])
+    n_mesh = check_mesh_size(cfg.mesh, len(devices), exact=False)
+    mesh, rules = mesh_from_config(cfg.mesh, devices[:n_mesh])
     reference = load_model(cfg.model, ref_path, mesh=mesh, rules=rules)
     pol_model = reference if pol_path == ref_path else load_model(cfg.model, pol_path, mesh=mesh, rules=rules)
     check_same_vocab(pol_model, reference, pol_path, ref_path, tokenizer)
