@@ -6,7 +6,7 @@ of ``benchmarks/README.md``; ``benchmarks/device_suite.sh`` runs the GPU set.
 
 Everything after the data I/O is the training code path: random weights of the named Hugging Face shape
 (``SHAPES``: the ``config.json`` fields of each model, no download) and synthetic token rows go through
-``trainer.ppo.setup.assemble_run`` — the second half of ``build_run``: reference log-probs (the behaviour pass),
+``trainer.ppo.build.assemble_run`` — the second half of ``build_run``: reference log-probs (the behaviour pass),
 PF-PPO weights, the filled replay buffer, critic or adapters (LoRA, quantized base), the jitted prepare and update
 step — and then ``run.prepare`` and ``run.step`` as ``jaxppo.train`` calls them. Rows are ``data.max_prompt_length``
 + ``data.max_response_length`` tokens with every mask 1 (the longest a run pads to).
@@ -219,7 +219,8 @@ def run(args, rec: dict) -> dict:
     from jaxppo.models.adapters import with_adapters
     from jaxppo.trainer.mesh import mesh_from_config
     from jaxppo.plan import plan
-    from jaxppo.trainer.ppo.setup import assemble_run, check_config, lm_config, step_hparams
+    from jaxppo.hf.from_config import lm_config
+    from jaxppo.trainer.ppo.build import assemble_run, check_config
 
     hf = SHAPES[args.shape]
     rec.update({"shape": args.shape, "config": args.config, "overrides": args.overrides, "phase": "setup",
@@ -227,11 +228,11 @@ def run(args, rec: dict) -> dict:
                 "jax": jax.__version__})
     cfg = load_config(args.config, [f"model.path={args.model_dir}", *args.overrides])
     devices = jax.devices()[:1]
-    check_config(cfg, len(devices))
+    hp = check_config(cfg, len(devices))
     mesh, rules = mesh_from_config(cfg.mesh, devices)
     P, R = cfg.data.max_prompt_length, cfg.data.max_response_length
     mini, epochs = cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_epochs
-    critic = step_hparams(cfg).critic is not None
+    critic = hp.critic is not None
     lora = cfg.model.lora
     rec.update(prompt_len=P, response_len=R, mini_batch=mini,
                micro_batch=cfg.actor.ppo_micro_batch_size or mini, critic=critic, lora_rank=lora.rank,
@@ -259,7 +260,7 @@ def run(args, rec: dict) -> dict:
     heldout = synthetic_rows(max(1, cfg.rollout.n), P, R, hf["vocab_size"], cfg.rollout.n, seed=2)
     rec["memory_after_adapters"] = _memory()
     rec["phase"] = "assemble (behaviour pass, buffer, jits)"
-    run_ = assemble_run(cfg, mesh, rules, None, "random:" + args.shape, model, train, heldout, None)
+    run_ = assemble_run(cfg, mesh, rules, None, "random:" + args.shape, model, train, heldout, None, hp=hp)
     del model
     rec["phase"] = "prepare"
     state = jax.block_until_ready(run_.prepare(run_.state))

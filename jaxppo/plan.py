@@ -108,7 +108,8 @@ def _plan(cfg: Any, devices: list, hbm_gib: float | None, compile_step: bool) ->
     import jax
 
     from jaxppo.trainer.mesh import mesh_from_config
-    from jaxppo.trainer.ppo.setup import abstract_core, check_config
+    from jaxppo.trainer.ppo.abstract import abstract_core
+    from jaxppo.trainer.ppo.build import check_config
 
     check_config(cfg, len(devices))
     m = cfg.mesh
@@ -221,7 +222,7 @@ def load_peak(cfg: Any, hf_config: dict, device, *, model_shards: int = 1) -> di
     from jaxppo.models import CausalLM
     from jaxppo.models.adapters import attach_lora
     from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, layer_quantizer, spec_from_config
-    from jaxppo.trainer.ppo.setup import lm_config
+    from jaxppo.hf.from_config import lm_config
 
     spec = spec_from_config(cfg.model.lora)
     if spec is None or spec.quantize_base is None:

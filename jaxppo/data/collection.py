@@ -130,16 +130,15 @@ def collect(cfg: Config, reward_fn: Callable[[Sequence[str], Sequence[str]], np.
 
     ``reward_fn(prompts, responses) -> float32 [N]`` scores the samples (the caller builds it, e.g.
     ``jaxppo.rewards.reward_fn_from_config(cfg.reward)``: data sits below rewards)."""
-    from jaxppo.hf import load_pretrained, load_tokenizer
-    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
-    from jaxppo.models.dtypes import dtype_of
+    from jaxppo.hf.from_config import load_model, load_tokenizer_of
+    from jaxppo.hf.paths import resolve_model_path
 
     t0 = time.perf_counter()
     ro, dc = cfg.rollout, cfg.data
     out_dir = Path(cfg.trainer.output_dir)
     prompts = read_prompts(ro.prompts, ro.max_prompts)
     model_path = resolve_model_path(cfg.model.path)
-    tokenizer = apply_chat_template_file(load_tokenizer(tokenizer_path(cfg.model)), dc.chat_template_file)
+    tokenizer = apply_chat_template_file(load_tokenizer_of(cfg.model), dc.chat_template_file)
 
     report = DataReport(source=str(ro.prompts), rows_seen=len(prompts))
     encoded = encode_prompts(tokenizer, prompts, chat_template=ro.chat_template)
@@ -158,8 +157,7 @@ def collect(cfg: Config, reward_fn: Callable[[Sequence[str], Sequence[str]], np.
     report.rows_kept = len(fitted)
 
     # the model is loaded last, after every check of the prompts and the reward config
-    model = load_pretrained(model_path, dtype=dtype_of(cfg.model.param_dtype),
-                            compute_dtype=dtype_of(cfg.model.compute_dtype))
+    model = load_model(cfg.model, model_path)
     t_load = time.perf_counter() - t0
 
     pad = pad_id_of(tokenizer)

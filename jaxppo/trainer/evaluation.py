@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -348,6 +349,21 @@ def write_eval_samples(path: str | Path, before: Mapping[str, Any], after: Mappi
                                  f"reward_{na}": float(ra[i])}, ensure_ascii=False) + "\n")
 
 
-__all__ = ["EVAL_KEY_SALT", "HeldoutEval", "bootstrap_ci", "bootstrap_mean_ci", "compare", "evaluate_policy",
-           "final_summary", "generated_length", "heldout_eval", "heldout_eval_prompts", "heldout_perplexity",
+def before_after(ev: HeldoutEval, out: str | Path, before: Callable[[], Mapping[str, Any]],
+                 after: Callable[[], Mapping[str, Any]]) -> dict[str, Any]:
+    """The trainers' final evaluation on the held-out prompts: ``before()`` (the reference's result) then
+    ``after()`` (the trained policy's, both from ``ev``), ``eval_samples.jsonl`` written under ``out`` and the
+    :func:`final_summary` keys returned. Without held-out prompts: a logged warning and ``{}``."""
+    if not ev.available:
+        logging.getLogger("jaxppo.trainer").warning(
+            "no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
+        return {}
+    b = before()
+    a = after()
+    write_eval_samples(Path(out) / "eval_samples.jsonl", b, a)
+    return final_summary(ev, b, a)
+
+
+__all__ = ["EVAL_KEY_SALT", "HeldoutEval", "before_after", "bootstrap_ci", "bootstrap_mean_ci", "compare",
+           "evaluate_policy", "final_summary", "generated_length", "heldout_eval", "heldout_eval_prompts", "heldout_perplexity",
            "prompt_means", "write_eval_samples"]

@@ -47,6 +47,7 @@ from jaxppo.parallel.host import broadcast_from_main, float_from_main, from_host
 from jaxppo.trainer.preemption import Preempted, PreemptionWatch
 from jaxppo.trainer.checkpoint import Checkpointer
 from jaxppo.trainer.run_dir import RunStart, metrics_logger, start_run
+from jaxppo.trainer.run_state import RunState
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -179,14 +180,14 @@ def _meta(algo: Algorithm, guards, train_time_s: float) -> dict[str, Any]:
             **algo.meta()}
 
 
-def restore_fields(state: Any, good: Any, fields: tuple[str, ...]) -> Any:
+def restore_fields(state: RunState, good: RunState, fields: tuple[str, ...]) -> RunState:
     """The rollback as a pure function of two states: ``state`` with the ``fields`` of the restored checkpoint
     ``good`` and a zero NaN streak (everything else of ``state`` kept)."""
     return state.replace(**{k: getattr(good, k) for k in fields},
                          nan_streak=from_host(np.int32(0), state.nan_streak.sharding))
 
 
-def rollback(algo: Algorithm, ckpt: Checkpointer, state: Any, step_no: int, mlog: Any = None) -> Any:
+def rollback(algo: Algorithm, ckpt: Checkpointer, state: RunState, step_no: int, mlog: Any = None) -> RunState:
     """Restore ``algo.rollback_fields`` from the newest verified checkpoint (module doc); damaged checkpoints met on
     the way are moved aside and logged."""
     # the NaN streak restarts whatever happens next (the guard reads it from the state)
@@ -216,7 +217,8 @@ def rollback(algo: Algorithm, ckpt: Checkpointer, state: Any, step_no: int, mlog
     return algo.after_rollback(restore_fields(state, good, algo.rollback_fields))
 
 
-def apply_action(algo: Algorithm, ckpt: Checkpointer, state: Any, act: Any, step_no: int, mlog: Any = None) -> Any:
+def apply_action(algo: Algorithm, ckpt: Checkpointer, state: RunState, act: Any, step_no: int,
+                 mlog: Any = None) -> RunState:
     """A guard action on the state: ``lower_lr`` scales the actor's update, ``rollback`` (:func:`rollback`); other
     actions are warnings only."""
     from jaxppo.trainer.guards import cut_lr_scale

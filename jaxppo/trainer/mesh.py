@@ -11,6 +11,20 @@ from jaxppo.config import ConfigError
 from jaxppo.parallel import make_mesh, merged_rules
 
 
+def check_mesh_size(mesh_cfg, n_devices: int, *, exact: bool = True) -> int:
+    """The mesh's device count ``mesh.data x mesh.fsdp x mesh.tensor``; ConfigError when it differs from the
+    ``n_devices`` available (``exact``) or exceeds them (not ``exact``: the mesh takes the first devices)."""
+    m = mesh_cfg
+    n = m.data * m.fsdp * m.tensor
+    if exact and n != n_devices:
+        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
+                          f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
+    if n > n_devices:
+        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but only "
+                          f"{n_devices} are available")
+    return n
+
+
 def mesh_from_config(mesh_cfg, devices: Sequence[jax.Device]) -> tuple[Mesh, dict]:
     """The ``Mesh`` of a config's ``mesh`` section over ``devices`` (exactly ``data x fsdp x tensor`` of them) and its
     sharding rules (``parallel.DEFAULT_RULES`` with ``mesh.rules`` over them); a rule naming an unknown mesh axis is a

@@ -33,7 +33,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 logger = logging.getLogger("jaxppo.trainer")
 
@@ -253,11 +253,6 @@ class MetricsLogger:
             self._tb.add_text(f"events/{kind}", str(message), global_step=step)
         for t in self._trackers:
             t.event(step, kind, str(message), row)
-
-    def log_actions(self, step: int, actions: Iterable[Any]) -> None:
-        """``event`` for each guard action (objects with ``kind``, ``message`` and ``data``)."""
-        for a in actions:
-            self.event(step, a.kind, a.message, **dict(a.data))
 
     def close(self) -> None:
         if self._closed:

@@ -124,11 +124,10 @@ def check_mesh(mesh_cfg: Any, n_devices: int, micro_batch: int, micro_batch_key:
     """The mesh checks of every trainer (ConfigError naming the key): ``mesh.data x mesh.fsdp x mesh.tensor`` must
     equal ``n_devices`` and the micro-batch (``micro_batch``, set by ``micro_batch_key``) must be a multiple of the
     batch shards ``mesh.data x mesh.fsdp`` (so every strided micro-batch spreads over all of them)."""
+    from jaxppo.trainer.mesh import check_mesh_size
+
     m = mesh_cfg
-    n = m.data * m.fsdp * m.tensor
-    if n != n_devices:
-        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n} devices, but "
-                          f"{n_devices} are available; set mesh.data/fsdp/tensor so their product is {n_devices}")
+    check_mesh_size(m, n_devices)
     shards = m.data * m.fsdp
     if micro_batch % shards:
         raise ConfigError(f"{micro_batch_key}={micro_batch} must be a multiple of the mesh batch shards "

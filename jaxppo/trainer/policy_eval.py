@@ -81,12 +81,10 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     """Run the evaluation described by the module doc; writes ``cfg.trainer.output_dir`` and returns eval.json."""
     import jax
 
-    from jaxppo.config import ConfigError
-    from jaxppo.hf import load_pretrained, load_tokenizer
-    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
-    from jaxppo.models.dtypes import dtype_of
+    from jaxppo.hf.from_config import load_model, load_tokenizer_of
+    from jaxppo.hf.paths import resolve_model_path
     from jaxppo.models.eos import eos_ids
-    from jaxppo.trainer.mesh import mesh_from_config
+    from jaxppo.trainer.mesh import check_mesh_size, mesh_from_config
     from jaxppo.rewards import reward_fn_from_config
     from jaxppo.trainer.evaluation import (
         compare,
@@ -100,19 +98,13 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     ref_path = resolve_model_path(cfg.model.path)
     pol_path = resolve_policy_path(policy, ref_path)
     reward_fn = reward_fn_from_config(cfg.reward)  # fail early on a bad reward config
-    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+    tokenizer = load_tokenizer_of(cfg.model)
 
     devices = list(jax.devices() if devices is None else devices)
-    m = cfg.mesh
-    n_mesh = m.data * m.fsdp * m.tensor
-    if n_mesh > len(devices):
-        raise ConfigError(f"mesh: data={m.data} x fsdp={m.fsdp} x tensor={m.tensor} = {n_mesh} devices, but only "
-                          f"{len(devices)} are available")
-    mesh, rules = mesh_from_config(m, devices[:n_mesh])
-    kw = dict(dtype=dtype_of(cfg.model.param_dtype), compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh,
-              rules=rules)
-    reference = load_pretrained(ref_path, **kw)
-    pol_model = reference if pol_path == ref_path else load_pretrained(pol_path, **kw)
+    n_mesh = check_mesh_size(cfg.mesh, len(devices), exact=False)
+    mesh, rules = mesh_from_config(cfg.mesh, devices[:n_mesh])
+    reference = load_model(cfg.model, ref_path, mesh=mesh, rules=rules)
+    pol_model = reference if pol_path == ref_path else load_model(cfg.model, pol_path, mesh=mesh, rules=rules)
     check_same_vocab(pol_model, reference, pol_path, ref_path, tokenizer)
 
     _, heldout, _ = split_data(cfg, tokenizer)  # the trainer's rows and split (behaviour log-probs not needed)

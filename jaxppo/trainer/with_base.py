@@ -1,7 +1,7 @@
-"""Jitting a donated-state function that also reads the frozen base of models with adapters.
+"""Jitting a donated-state step function that also reads the frozen base of models with adapters.
 
 Models with LoRA adapters (``jaxppo.models.adapters``) keep their trainable part in the train state and their
-frozen base outside it: the base is a second argument of the jitted function, never donated (so it outlives every
+frozen base outside it: the base is the last argument of the jitted function, never donated (so it outlives every
 step and is shared by the reference, the policy and a critic on the same base) and never checkpointed.
 """
 
@@ -12,35 +12,37 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.optim import shardings_of
 
+_NO_BATCH = object()
 
-def jit_step(fn, state_shardings, mesh, base, *, out_scalars: bool):
-    """``jax.jit(fn, donate_argnums=0)`` with explicit shardings on a mesh: ``fn(state)`` returns ``(state,
-    metrics)`` (``out_scalars``, metrics replicated) or ``state``. With ``base`` (adapters), ``fn(state, base)`` is
-    jitted with ``base`` not donated and bound by :class:`WithBase`."""
+
+def jit_step(fn, state_shardings, mesh, base, *, out_scalars: bool, batch_shardings=_NO_BATCH):
+    """``jax.jit(fn, donate_argnums=0)`` with explicit shardings on a mesh: ``fn(state)`` — or with
+    ``batch_shardings`` given, ``fn(state, batch)`` with the batch placed by them — returns ``(state, metrics)``
+    (``out_scalars``, metrics replicated) or ``state``. With ``base`` (adapters), ``fn`` takes ``base`` as a last
+    argument, jitted not donated and bound by :class:`WithBase`; ``state_shardings`` None: no explicit shardings."""
     rep = None if mesh is None else NamedSharding(mesh, PartitionSpec())
-    outs = None if state_shardings is None else ((state_shardings, rep) if out_scalars else state_shardings)
-    if base is None:
-        if state_shardings is None:
-            return jax.jit(fn, donate_argnums=0)
-        return jax.jit(fn, donate_argnums=0, in_shardings=(state_shardings,), out_shardings=outs)
-    if state_shardings is None:
-        return WithBase(jax.jit(fn, donate_argnums=0), base)
-    return WithBase(jax.jit(fn, donate_argnums=0, in_shardings=(state_shardings, shardings_of(base)),
-                            out_shardings=outs), base)
+    kw = {}
+    if state_shardings is not None:
+        ins = (state_shardings,) + (() if batch_shardings is _NO_BATCH else (batch_shardings,))
+        if base is not None:
+            ins += (shardings_of(base),)
+        kw = dict(in_shardings=ins, out_shardings=(state_shardings, rep) if out_scalars else state_shardings)
+    jitted = jax.jit(fn, donate_argnums=0, **kw)
+    return jitted if base is None else WithBase(jitted, base)
 
 
 class WithBase:
-    """A jitted ``fn(state, base)`` with ``base`` bound: ``self(state) = fn(state, base)``, ``lower(state)`` too.
+    """A jitted ``fn(*args, base)`` with ``base`` bound: ``self(*args) = fn(*args, base)``, ``lower(*args)`` too.
     ``base`` (the frozen weights every role shares) is an argument, never donated: it outlives every step."""
 
     def __init__(self, fn, base):
         self.fn, self.base = fn, base
 
-    def __call__(self, state):
-        return self.fn(state, self.base)
+    def __call__(self, *args):
+        return self.fn(*args, self.base)
 
-    def lower(self, state):
-        return self.fn.lower(state, self.base)
+    def lower(self, *args):
+        return self.fn.lower(*args, self.base)
 
 
 __all__ = ["WithBase", "jit_step"]

@@ -49,7 +49,8 @@ def test_events_file_and_warning(tmp_path, caplog):
     with MetricsLogger(tmp_path, total_steps=3, tensorboard=False, progress=False) as lg:
         with caplog.at_level("WARNING", logger="jaxppo.trainer"):
             lg.event(4, "lower_lr", "KL too high", lr=1e-6, kl=np.float32(0.1))
-            lg.log_actions(5, [GuardAction("rollback", "nan", {"nan_steps": 3})])
+            act = GuardAction("rollback", "nan", {"nan_steps": 3})
+            lg.event(5, act.kind, act.message, **act.data)   # how the harness logs a guard action
     rows = _lines(tmp_path / "events.jsonl")
     assert rows[0]["step"] == 4 and rows[0]["kind"] == "lower_lr" and rows[0]["lr"] == 1e-6
     assert rows[0]["kl"] == pytest.approx(0.1)

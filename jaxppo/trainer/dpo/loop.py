@@ -50,6 +50,7 @@ from jaxppo.trainer.dpo.step import (
 )
 from jaxppo.trainer.harness import Algorithm, check_rows
 from jaxppo.trainer.harness import fit as fit_with
+from jaxppo.trainer.policy import Policy, PolicyRun
 from jaxppo.trainer.run_dir import RunStart
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -59,34 +60,18 @@ ROLLBACK_FIELDS = ("actor", "actor_opt", "data_cursor")
 
 
 @dataclasses.dataclass
-class DPORun:
+class DPORun(PolicyRun):
     cfg: Any
     mesh: Any
     tokenizer: Any
     model_path: str
-    graphdef: Any
-    ref_params: Any
+    parts: Policy                   # the policy's graphdef, reference and (adapters) frozen base
     state: DPOState
     step: Any                       # jitted (state, batch) -> (state, metrics)
     train: dict[str, np.ndarray]    # PAIR_KEYS + group_id, index
     heldout: dict[str, np.ndarray]
     batch_shardings: dict[str, Any]
     report: Any = None
-    base: Any = None                # adapters (model.lora.rank > 0): the frozen base; ref_params all-zero factors
-
-    def params_of(self, params):
-        """What ``pair_logps`` takes: ``params``, or ``(params, base)`` with adapters."""
-        return params if self.base is None else (params, self.base)
-
-    def policy(self, params=None):
-        from jaxppo.models.adapters import merge_with_base
-
-        return merge_with_base(self.graphdef, self.state.actor if params is None else params, self.base)
-
-    def reference(self):
-        from jaxppo.models.adapters import merge_with_base
-
-        return merge_with_base(self.graphdef, self.ref_params, self.base)
 
 
 def check_dpo_config(cfg: Any, n_devices: int) -> None:
@@ -173,10 +158,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxppo.data.behaviour import default_cache_dir
-    from jaxppo.hf import load_pretrained, load_tokenizer
-    from jaxppo.hf.paths import resolve_model_path, tokenizer_path
-    from jaxppo.models.adapters import reference_adapters, split_frozen, with_adapters
-    from jaxppo.models.dtypes import dtype_of
+    from jaxppo.hf.paths import resolve_model_path
     from jaxppo.models.lora import spec_from_config
     from jaxppo.optim import (
         init_optimizer,
@@ -184,21 +166,20 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         make_optimizer,
         replicate_leaves,
         shardings_of,
-        split_params,
     )
     from jaxppo.parallel import batch_sharding
     from jaxppo.trainer.mesh import mesh_from_config
+    from jaxppo.hf.from_config import load_model, load_tokenizer_of
+    from jaxppo.trainer.policy import split_policy
 
     devices = list(jax.devices() if devices is None else devices)
     check_dpo_config(cfg, len(devices))
     mesh, rules = mesh_from_config(cfg.mesh, devices)
     model_path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+    tokenizer = load_tokenizer_of(cfg.model)
     arrays, group, report = load_pairs(cfg, tokenizer)
-    model = load_pretrained(model_path, dtype=dtype_of(cfg.model.param_dtype),
-                            compute_dtype=dtype_of(cfg.model.compute_dtype), mesh=mesh, rules=rules,
-                            remat=cfg.model.remat)
-    model = with_adapters(model, cfg.model.lora, seed=cfg.trainer.seed, mesh=mesh, rules=rules)  # before the reference pass
+    model = load_model(cfg.model, model_path, mesh=mesh, rules=rules, remat=cfg.model.remat,
+                       adapters_seed=cfg.trainer.seed)
     cache_dir = cfg.data.cache_dir if cfg.data.cache_dir is not None else default_cache_dir(cfg.data.path)
     arrays["ref_chosen"], arrays["ref_rejected"] = reference_logps(
         arrays, model_path=model_path, model=model, cache_dir=cache_dir, batch_size=cfg.data.behaviour_batch_size,
@@ -210,14 +191,9 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
     heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
 
-    base = None
+    pol = split_policy(model)
+    params = pol.params
     spec = spec_from_config(cfg.model.lora)
-    if spec is None:
-        graphdef, params = split_params(model)
-        ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
-    else:   # adapters on the frozen base; the reference is the base itself (no copy)
-        graphdef, params, base = split_frozen(model)
-        ref_params = reference_adapters(params)   # adapters off: the base itself, no copy
     total = cfg.trainer.total_steps
     tx = make_optimizer(cfg.actor.optim, total, params)   # 16-bit parameters: a float32 master copy
     rep = NamedSharding(mesh, PartitionSpec())
@@ -227,18 +203,22 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
                      nan_streak=scalar(0, jnp.int32), data_cursor=scalar(0, jnp.int32))
     state = replicate_leaves(state, mesh)
     batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in (KTO_KEYS if cfg.dpo.loss_type == "kto" else PAIR_KEYS)}
-    step = make_dpo_step(graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
-                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=base,
+    step = make_dpo_step(pol.graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
+                         state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=pol.base,
                          lora_dropout=0.0 if spec is None else spec.dropout, seed=cfg.trainer.seed)
-    return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, graphdef=graphdef,
-                  ref_params=ref_params, state=state, step=step, train=train, heldout=heldout,
-                  batch_shardings=batch_sh, report=report, base=base)
+    return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, parts=pol, state=state, step=step,
+                  train=train, heldout=heldout, batch_shardings=batch_sh, report=report)
 
 
-def make_batch(run: DPORun, cursor: int) -> dict[str, jax.Array]:
-    """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``), on the mesh."""
-    n = run.train["prompt_ids"].shape[0]
-    idx = batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, n)
+def batch_rows(run: DPORun, cursor: int) -> np.ndarray:
+    """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``)."""
+    return batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, run.train["prompt_ids"].shape[0])
+
+
+def make_batch(run: DPORun, cursor: int, rows: np.ndarray | None = None) -> dict[str, jax.Array]:
+    """The training rows at stream positions ``cursor ..`` on the mesh (every key of the run's batch shardings);
+    ``rows``: their :func:`batch_rows` when the caller has them."""
+    idx = batch_rows(run, cursor) if rows is None else rows
     return {k: from_host(run.train[k][idx], sh) for k, sh in run.batch_shardings.items()}
 
 
@@ -248,7 +228,7 @@ def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tup
     from jaxppo.ops import dpo_loss
 
     d = run.cfg.dpo
-    pc, pr = pair_logps(run.graphdef, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size)
+    pc, pr = pair_logps(run.actor_gd, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size)
     if d.loss_type == "kto":   # right: a desirable row's implicit reward above the reference point, else below
         from jaxppo.ops.kto import kto_pair_loss
 
@@ -300,9 +280,9 @@ class DPO(Algorithm):
     def before_step(self, state: DPOState, s: int):
         cursor = int(to_host(state.data_cursor))
         tr = self.run.train
-        idx = batch_indices(self.cfg.data.seed, cursor, self.cfg.dpo.batch_size, tr["prompt_ids"].shape[0])
+        idx = batch_rows(self.run, cursor)
         self._batch_tokens = float(np.asarray(tr["chosen_mask"])[idx].sum() + np.asarray(tr["rejected_mask"])[idx].sum())
-        return state, make_batch(self.run, cursor)
+        return state, make_batch(self.run, cursor, idx)
 
     def step_extras(self, state: DPOState, step_no: int, metrics: dict[str, float]) -> None:
         """``train/samples_consumed`` (pairs: ``step x dpo.batch_size``, NaN-skipped steps included, as PPO) and
@@ -376,14 +356,10 @@ def fit_dpo(cfg: Any, *, run: DPORun | None = None) -> tuple[dict[str, Any], DPO
 
 
 def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any]) -> None:
-    """The PPO trainer's final before/after evaluation on the held-out prompts (module doc): the shared
-    ``jaxppo.trainer.evaluation`` path (``heldout_eval``, ``final_summary``, ``write_eval_samples``)."""
+    """The PPO trainer's final before/after evaluation on the held-out prompts (module doc,
+    ``jaxppo.trainer.evaluation.before_after``), skipped with a warning without the configured reward model."""
     from jaxppo.models.eos import eos_ids
-    from jaxppo.trainer.evaluation import (
-        final_summary,
-        heldout_eval,
-        write_eval_samples,
-    )
+    from jaxppo.trainer.evaluation import before_after, heldout_eval
 
     cfg = run.cfg
     rc = cfg.reward
@@ -396,14 +372,8 @@ def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any
         return
     ref = run.reference()
     ev = heldout_eval(cfg, run.heldout, run.tokenizer, eos_ids(ref.config, run.tokenizer))
-    if not ev.available:
-        logger.warning("no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
-        return
-    before = ev(ref, ref)
-    after = ev(run.policy(state.actor), ref)
-    summary.update(final_summary(ev, before, after))
-    write_eval_samples(out / "eval_samples.jsonl", before, after)
+    summary.update(before_after(ev, out, lambda: ev(ref, ref), lambda: ev(run.policy(state.actor), ref)))
 
 
-__all__ = ["DPO", "DPORun", "ROLLBACK_FIELDS", "build_dpo_run", "check_dpo_config", "fit_dpo", "load_pairs",
+__all__ = ["DPO", "DPORun", "ROLLBACK_FIELDS", "batch_rows", "build_dpo_run", "check_dpo_config", "fit_dpo", "load_pairs",
            "make_batch", "pair_metrics", "reference_logps", "train_dpo"]

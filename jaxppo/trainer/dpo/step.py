@@ -42,9 +42,11 @@ from flax import nnx, struct
 
 from jaxppo.models.lora_dropout import DROPOUT_STREAM
 from jaxppo.ops import dpo_loss
-from jaxppo.optim import learning_rate_of, set_learning_rate, shardings_of
+from jaxppo.optim import all_finite, learning_rate_of, set_learning_rate
 from jaxppo.parallel.host import to_host
 from jaxppo.trainer.micro import micro_grads
+from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
+from jaxppo.trainer.with_base import jit_step
 
 PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
              "ref_chosen", "ref_rejected")
@@ -147,11 +149,6 @@ def pair_loss(graphdef: Any, params: Any, batch: dict[str, jax.Array], hp: DPOHP
     return loss, {**metrics, "loss": loss}
 
 
-def _tree_finite(tree: Any) -> jax.Array:
-    leaves = jax.tree.leaves(tree)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else jnp.bool_(True)
-
-
 def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: optax.Schedule, hp: DPOHParams, *,
                   state_shardings: Any = None, batch_shardings: Any = None, mesh: Any = None, base: Any = None,
                   lora_dropout: float = 0.0, seed: int = 0):
@@ -186,28 +183,19 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
         if lora_dropout > 0:
             key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), state.step), DROPOUT_STREAM)
         grads, metrics = grads_of(state.actor, batch, frozen, key)
-        finite = jnp.isfinite(metrics["loss"]) & _tree_finite(grads)
+        finite = jnp.isfinite(metrics["loss"]) & all_finite(grads)
         safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
         updates, new_opt = tx.update(safe_grads, opt, state.actor)
         new_params = optax.apply_updates(state.actor, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        skipped = (~finite).astype(jnp.int32)
         new_state = state.replace(
-            step=state.step + 1, actor=keep(new_params, state.actor), actor_opt=keep(new_opt, opt),
-            nan_total=state.nan_total + skipped, nan_streak=jnp.where(finite, 0, state.nan_streak + 1),
+            step=state.step + 1, actor=keep_if_finite(finite, new_params, state.actor),
+            actor_opt=keep_if_finite(finite, new_opt, opt), **skip_counts(state, finite),
             data_cursor=state.data_cursor + batch["prompt_ids"].shape[0])
         metrics = dict(metrics, grad_norm=optax.global_norm(grads), learning_rate=learning_rate_of(opt) *
-                       state.lr_scale, **{"train/nan_skipped": skipped.astype(jnp.float32)})
+                       state.lr_scale, **{"train/nan_skipped": skipped_metric(finite)})
         return new_state, metrics
 
-    kw = {}
-    if state_shardings is not None:
-        ins = (state_shardings, batch_shardings) + (() if base is None else (shardings_of(base),))
-        kw = dict(in_shardings=ins, out_shardings=(state_shardings, None))
-    jitted = jax.jit(step, donate_argnums=(0,), **kw)
-    if base is None:
-        return jitted
-    return lambda state, batch: jitted(state, batch, base)
+    return jit_step(step, state_shardings, mesh, base, out_scalars=True, batch_shardings=batch_shardings)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -35,7 +35,7 @@ class Trajectories:
     ``behaviour_logprobs`` float32 ``[N, R]`` log-probs of the behaviour policy μ that wrote the responses;
     ``score``              float32 ``[N]`` the sequence reward ``s``;
     ``group_id``           int32 ``[N]`` prompt group (padding slots get negative ids of their own);
-    ``row``                int32 ``[N]`` dataset row (after the group ordering of ``setup.group_order``);
+    ``row``                int32 ``[N]`` dataset row (after the group ordering of ``windows.group_order``);
     ``ref_logp``           float32 ``[N, R]`` log-probs of the frozen reference (initial) policy;
     ``filter_w``           float32 ``[N]`` PF-PPO filter weight ``f`` (1 without a filter; 0: never sampled).
     """

@@ -9,7 +9,7 @@ training update's loss (``steps.make_phases``); every other caller (prepare, eva
 
 ``group_size = n > 1`` (the training update with ``replay.group_size = n``): the batch is made of whole prompt groups,
 rows ``k·n .. k·n+n−1`` sharing one prompt (the same ``prompt_ids``/``prompt_mask``; the buffer checks it,
-``setup.check_whole_groups``), and the trunk runs each group's prompt once (``Transformer.shared_prefix``) with every
+``windows.check_whole_groups``), and the trunk runs each group's prompt once (``Transformer.shared_prefix``) with every
 response attending to it and rotated as in its own row: the same hidden states as the row layout, ``(P + n·R)/(n·(P+R))``
 of the token positions.
 """

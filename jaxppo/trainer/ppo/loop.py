@@ -36,7 +36,8 @@ import numpy as np
 
 from jaxppo.trainer.harness import Algorithm
 from jaxppo.trainer.harness import fit as fit_with
-from jaxppo.trainer.ppo.setup import Run, build_run, load_window
+from jaxppo.trainer.ppo.build import Run, build_run
+from jaxppo.trainer.ppo.windows import load_window
 from jaxppo.trainer.run_dir import RunStart
 
 logger = logging.getLogger("jaxppo.trainer")
@@ -165,15 +166,9 @@ class PPO(Algorithm):
                 **self.run.param_summary()}       # trainable vs total parameters (adapters: a small share)
 
     def final_evaluation(self, state, out: Path) -> dict[str, Any]:
-        from jaxppo.trainer.evaluation import final_summary, write_eval_samples
+        from jaxppo.trainer.evaluation import before_after
 
-        if not self.evals.available:
-            logger.warning("no held-out prompts (data.eval_fraction=0?): skipping the before/after evaluation")
-            return {}
-        before = self.evals.reference()
-        after = self.evals.policy(state.actor)
-        write_eval_samples(out / "eval_samples.jsonl", before, after)
-        return final_summary(self.evals.ev, before, after)
+        return before_after(self.evals.ev, out, self.evals.reference, lambda: self.evals.policy(state.actor))
 
     def plot(self, metrics_jsonl: Path, plots_dir: Path, summary: dict[str, Any]) -> list[Path]:
         from jaxppo.trainer.plots import plot_metrics

@@ -41,7 +41,7 @@ from jaxppo.trainer.ppo.forward import (
     response_logits_values,
 )
 from jaxppo.trainer.with_base import jit_step
-from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
+from jaxppo.trainer.ppo.hparams import StepHP
 
 
 def last_token_onehot(response_mask: jax.Array) -> jax.Array:
@@ -79,24 +79,22 @@ def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Arra
                                                   group_id=group_id, agg=hp.replay.priority_agg)
 
 
-def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, state_shardings=None, hp: StepHP | None = None,
-                    base=None):
+def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardings=None, base=None):
     """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer: the buffer's
     ``BufferItem.prepared`` (``batch.Prepared``) is replaced, its ``data`` kept.
 
     With the estimator ``algorithm.adv_estimator`` (``hp.advantage``): ``(A, G) = est(r, V, m, group_id, hp)``;
     a critic-free estimator gets ``V = None`` (no critic forward, no ``values`` in the buffer) and the rows'
-    ``group_id`` (the buffer holds whole groups: ``setup.group_windows``). ``algorithm.norm_adv`` whitens the
+    ``group_id`` (the buffer holds whole groups: ``windows.group_windows``). ``algorithm.norm_adv`` whitens the
     advantages of critic estimators only (the critic-free ones normalise per group / batch themselves).
     ``base``: the frozen base of models with adapters (``jaxppo.trainer.with_base``).
 
-    ``replay.group_size = n > 1``: the buffer holds whole prompt groups in order (``setup.check_whole_groups``,
+    ``replay.group_size = n > 1``: the buffer holds whole prompt groups in order (``windows.check_whole_groups``,
     ``group_windows``; its padding slots make whole blocks of ``n`` too, the capacity being a multiple of the chunk,
     itself a multiple of ``n``), so the forward passes run in the update step's layout: every strided chunk holds
     whole groups (``micro.chunked_map(group_size=n)``), each group's prompt goes through the trunk once
     (``forward.response_hidden``), and the outputs come back in buffer order.
     """
-    hp = step_hparams(cfg) if hp is None else hp
     ah = hp.advantage
     estimator = ops.ADVANTAGE_ESTIMATORS.get(ah.estimator)
     critic = hp.critic

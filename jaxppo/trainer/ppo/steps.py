@@ -78,6 +78,7 @@ from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 from jaxppo.trainer.ppo.prepare import td_residuals
 from jaxppo.trainer.ppo.state import TrainState
 from jaxppo.trainer.registry import POLICY_LOSSES
+from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
 from jaxppo.trainer.with_base import jit_step
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
@@ -344,10 +345,6 @@ def run_epochs(update: Callable, epochs: int, params, opts, batch, w, counts=Non
     return p, o, aux, (None if prio is None else prio[-1]), tuple(jnp.mean(n) for n in norms), finite
 
 
-def _where_tree(pred, new, old):
-    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
-
-
 _GRAD_NORM_KEYS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 
@@ -430,11 +427,10 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
                                              horizon=kc.horizon)
 
         new = state.replace(
-            **{f: _where_tree(finite, v, getattr(state, f)) for f, v in new_fields.items()},
-            replay=_where_tree(finite, rs, state.replay),
+            **{f: keep_if_finite(finite, v, getattr(state, f)) for f, v in new_fields.items()},
+            replay=keep_if_finite(finite, rs, state.replay),
             kl_coef=jnp.where(finite, kl_coef, state.kl_coef).astype(jnp.float32),
-            nan_total=state.nan_total + (~finite).astype(jnp.int32),
-            nan_streak=jnp.where(finite, 0, state.nan_streak + 1).astype(jnp.int32),
+            **skip_counts(state, finite),
             step=state.step + 1,
         )
         rm = replay_lib.metrics(new.replay)
@@ -446,7 +442,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             "replay/floor_fraction": rm["floor_fraction"],
             "replay/weight_clipped_fraction": rm["weight_clipped_fraction"],
             "replay/beta": beta, **w_stats,
-            "train/nan_skipped": (~finite).astype(jnp.float32),
+            "train/nan_skipped": skipped_metric(finite),
             "train/nan_total": new.nan_total.astype(jnp.float32),
         })
         if hp.critic is not None:
