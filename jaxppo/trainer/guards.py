@@ -1,4 +1,4 @@
-"""Host-side training guards (DESIGN.md section 5); each returns the actions the trainer must take.
+"""Host-side training guards (docs/design.md, "Guards"); each returns the actions the trainer must take.
 
 * **KL guard** — ``kl > kl_threshold`` for the first KL metric of ``kl_keys`` present in a step's
   metrics (default ``"actor/ppo_kl"``, the approximate KL of the update to the PPO "old" policy;

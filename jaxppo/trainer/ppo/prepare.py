@@ -1,4 +1,4 @@
-"""DESIGN.md §3 "Prepare": proximal log-probs, values, token rewards, GAE, priorities (batched, jitted).
+"""The prepare pass (docs/design.md, "Prepare"): proximal log-probs, values, token rewards, GAE, priorities (batched, jitted).
 
 For every buffer slot (``[N, R]`` arrays, ``m`` the response mask):
 

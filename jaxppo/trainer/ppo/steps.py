@@ -1,4 +1,4 @@
-"""One jitted, sharded update step ``state -> (state, metrics)`` (DESIGN.md §3 "Each update step").
+"""One jitted, sharded update step ``state -> (state, metrics)`` (docs/design.md, "One update step").
 
 1. Minibatch of ``B = actor.ppo_mini_batch_size`` sequences from the replay buffer, key
    ``fold_in(state.rng, state.step)``: prioritized with ``β = linear_beta(step, β0, beta_steps)``, or
