@@ -78,7 +78,7 @@ def test_readme_prose_numbers_are_the_records():
     assert p8 == q8["memory_after_weights"]["peak_bytes_in_use"] > q8["memory_after_weights"]["bytes_in_use"]
     assert f"({q8['s_per_step']:.2f} s per step; that process's peak, {p8 / 2 ** 30:.2f} GiB" in flat
     launch = " ".join((ROOT / "launch" / "README.md").read_text().split())
-    assert f"{peak / 2 ** 30:.2f} GiB measured" in launch and f"measured peak **{peak / 2 ** 30:.2f} GiB**" in launch
+    assert f"{peak / 2 ** 30:.2f} GiB measured" in launch and f"peak **{peak / 2 ** 30:.2f} GiB**" in launch
     # run 7: bf16 parameters on a float32 master (jaxppo.optim.with_master_weights)
     b7 = _rec("run7_qwen1p5b_grpo_bf16params")
     assert b7["param_dtype"] == "bfloat16" and b7["finite_losses"]

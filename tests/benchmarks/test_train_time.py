@@ -5,15 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from benchmarks import train_time as T  # noqa: E402
+from benchmarks import train_time as T
 
 
 def test_abba_order():

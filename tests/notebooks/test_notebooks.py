@@ -22,7 +22,8 @@ SWEEPS = ("is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", 
           "critic_free")
 VERDICT = re.compile(r"^  (\S+) vs (\S+): final held-out reward (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] vs "
                      r"(-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\]: (higher|lower|no difference measured) "
-                     r"\(paired difference (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\], (\d+) seeds")
+                     r"\(primary, final value: final difference (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\], (\d+) "
+                     r"seeds")
 
 
 def test_every_notebook_is_here_and_old_one_is_gone():
@@ -75,22 +76,23 @@ def _fake_summary(rows):
     import pandas as pd
 
     cols = ("final_reward_mean", "final_reward_ci95_lo", "final_reward_ci95_hi", "n_pairs", "final_diff",
-            "final_diff_lo", "final_diff_hi", "final_diff_p")
+            "final_diff_lo", "final_diff_hi", "final_diff_t_p")
     return pd.DataFrame([{"variant": v, **dict(zip(cols, vals))} for v, vals in rows])
 
 
 @pytest.mark.parametrize("diff,word", [
-    ((0.10, 0.02, 0.18), "higher"),                    # the paired interval lies above 0
-    ((-0.10, -0.18, -0.01), "lower"),                  # below 0
-    ((0.02, -0.05, 0.09), "no difference measured"),   # contains 0 (the arms' own intervals may not overlap)
-    ((0.02, 0.0, 0.04), "no difference measured"),     # touching 0 counts as containing it
+    ((0.10, 0.02, 0.18, 0.03), "higher"),                    # paired t-test p < 0.05, the interval above 0
+    ((-0.10, -0.18, -0.01, 0.04), "lower"),                  # below 0
+    ((0.02, -0.05, 0.09, 0.5), "no difference measured"),    # contains 0 (the arms' own intervals may not overlap)
+    ((0.02, 0.0, 0.04, 0.05), "no difference measured"),     # touching 0: p = 0.05 is not below 0.05
 ])
 def test_verdict_rule(diff, word):
     summ = _fake_summary([("base", (0.50, 0.45, 0.55, 0, *(float("nan"),) * 4)),
-                          ("v", (0.52, 0.41, 0.63, 5, *diff, 0.0625))])
+                          ("v", (0.52, 0.41, 0.63, 5, *diff))])
     text = sr.verdict(summ, "v", "base")
     assert text.startswith("v vs base: final held-out reward 0.520 [0.410, 0.630] vs 0.500 [0.450, 0.550]: ")
-    assert f": {word} (paired difference " in text and "sign-flip p 0.062" in text
+    assert f": {word} (primary, final value: final difference " in text
+    assert f"(t p {diff[3]:.3f}, Holm p {diff[3]:.3f}); Holm one variant: no adjustment)" in text
     one = _fake_summary([("base", (0.50, 0.45, 0.55, 0, *(float("nan"),) * 4)), ("v", (0.9, *(float("nan"),) * 2, 1,
                                                                                    0.4, *(float("nan"),) * 3))])
     assert ": not measurable (fewer than 2 seeds finished in both arms)." in sr.verdict(one, "v", "base")
@@ -181,7 +183,7 @@ def test_load_extended_without_extended_profile(tmp_path):
 
 
 def test_the_helper_is_a_package_module_and_no_test_edits_sys_path():
-    """Issue 20: notebooks/sweep_report.py moved into the package; neither the tests nor the notebooks put a folder
+    """notebooks/sweep_report.py moved into the package; neither the tests nor the notebooks put a folder
     on sys.path to import it."""
     assert not (REPO / "notebooks" / "sweep_report.py").exists()
     for f in [*(REPO / "tests").rglob("*.py"), *(REPO / "notebooks").glob("*.ipynb")]:
