@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -79,7 +80,8 @@ def config_changes(run: RunSpec) -> dict[str, str]:
     """``{key: "old -> new"}`` for each dotted config key where the ``config.json`` in ``run``'s folder (written by
     the trainer when that run started) differs from the config the sweep file plans for it today; empty when there
     is no such file (or it is half-written: the trainer rewrites it) or nothing differs. ``old`` is ``(absent)``
-    for a key the run's code did not have yet."""
+    for a key the run's code did not have yet; such a key is no change when today's value is its schema default
+    (a key joins the schema with a default that keeps the old behaviour)."""
     f = run.out_dir / "config.json"
     if not f.is_file() or not run.config:
         return {}
@@ -88,7 +90,17 @@ def config_changes(run: RunSpec) -> dict[str, str]:
     except (OSError, json.JSONDecodeError):
         return {}
     new = _jsonable(run.config)
-    return {k: f"{_show(_get(old, k))} -> {_show(_get(new, k))}" for k in sorted(_diff_keys(old, new))}
+    defaults = _schema_defaults()
+    return {k: f"{_show(_get(old, k))} -> {_show(_get(new, k))}" for k in sorted(_diff_keys(old, new))
+            if not (_get(old, k) is _ABSENT and _get(new, k) == _get(defaults, k))}
+
+
+@functools.cache
+def _schema_defaults() -> dict:
+    """The config schema's defaults as JSON (``Config()``)."""
+    from jaxppo.config import Config, to_dict
+
+    return _jsonable(to_dict(Config()))
 
 
 def _listed(changes: dict[str, str], most: int) -> str:

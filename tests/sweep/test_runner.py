@@ -119,10 +119,11 @@ def test_finished_runs_of_another_config_block_new_runs_but_not_the_tables(sweep
     spec, runs, argv_for, calls, tmp = sweep
     run_sweep(spec, runs, argv_for=argv_for, log=lambda s: None)
     calls.clear()
-    # as if the schema grew (a key the runs' code lacked) and a default changed since the runs were made
+    # as if the schema grew (keys the runs' code lacked) and a default changed since the runs were made; a key
+    # absent before and at its schema default today (replay.alpha = 0.6) is no change, one set otherwise is
     for r in runs:
         old = json.loads(json.dumps(r.config))
-        del old["replay"]["alpha"]
+        del old["replay"]["alpha"], old["replay"]["capacity"]
         old["trainer"]["seed"] = "old"
         (r.out_dir / "config.json").write_text(json.dumps(old))
     logged: list[str] = []
@@ -130,7 +131,8 @@ def test_finished_runs_of_another_config_block_new_runs_but_not_the_tables(sweep
     assert calls == []
     note = next(s for s in logged if s.startswith("note:"))
     assert "6 finished runs were made with another config" in note and "nothing to run" in note
-    assert "keys replay.alpha, trainer.seed" in note and 'uniform/seed0: replay.alpha: (absent) -> 0.6' in note
+    assert "keys replay.capacity, trainer.seed" in note and 'uniform/seed0: replay.capacity: (absent) -> 1024' in note
+    assert "replay.alpha" not in note
     # one run still to run: it would join a table of runs made with another config
     (runs[-1].out_dir / "summary.json").unlink()
     (runs[-1].out_dir / "config.json").unlink()
