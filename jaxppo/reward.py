@@ -3,21 +3,10 @@
 - ``train``: Bradley-Terry reward model on the preference pairs of ``data.path`` (held-out
   ``data.eval_fraction`` of the prompts), trunk ``model.path``; writes the model folder and
   ``metrics.json`` (``eval/accuracy``, the data skip counters, timings) to ``trainer.output_dir``.
-- ``score``: loads ``reward.model_path`` and scores ``data.path``: for ``data.schema=preference``
-  it reports the accuracy on all usable pairs, for ``scored`` data it scores each (prompt,
-  response) and, when the rows carry a score, the correlation with it. Writes
-  ``trainer.output_dir/scores.jsonl`` and ``score_metrics.json``.
-- ``to-scored``: turns the preference pairs of ``data.path`` into a training-ready **scored** dataset
-  ``trainer.output_dir/scored.jsonl``. The pairs pass the filter of ``reward train`` and ``jaxppo.dpo``
-  (:func:`jaxppo.data.pipeline.load_preference_arrays`, with the policy's tokenizer and the ``data.*`` lengths), so
-  a pair they skip is not written. Each distinct (prompt, response) is written **once**
-  (:mod:`jaxppo.data.answers`): ``prompt``, ``response``, ``score``, ``group_id`` (per prompt, so the answers to
-  one prompt form a group and a by-group split holds out the prompts DPO holds out), ``wins``, ``losses``, ``ties``
-  and ``source_rows``, and **no** behaviour log-probs. The score is the reward model's (``reward.model_path`` set)
-  or, without a reward model, the answer's win rate over its pairs (only ever chosen 1.0, only ever rejected 0.0).
-  Text fields keep their form: strings stay strings, chat messages stay lists of messages (prompt messages; the
-  response as its assistant message), so the policy's own chat template renders them at training time. Also
-  writes ``to_scored_metrics.json``; the data report (every skip and truncation) is printed.
+- ``score`` and ``to-scored``: :func:`jaxppo.rewards.scoring.score_dataset` (``scores.jsonl``,
+  ``score_metrics.json``) and :func:`jaxppo.rewards.scoring.preference_to_scored` (``scored.jsonl``: each distinct
+  answer once, per-prompt ``group_id``, the reward model's score or the answer's win rate; ``to_scored_metrics.json``);
+  their outputs are listed in :mod:`jaxppo.rewards.scoring`'s docstring. The data report is printed.
 
 Offline PPO on such a file: the behaviour policy μ (the humans who wrote the answers) is unknown, so
 the trainer takes the behaviour log-probs from the reference policy: π_prox/μ becomes π_prox/π_ref.

@@ -55,13 +55,7 @@ def sweep_cell(root: Path, item: dict) -> tuple[str, str]:
     base = next((v for v, x in rows.items() if _float(x.get("n_pairs")) == 0), "?")
     n = int(_float(r.get("n_pairs"))) if math.isfinite(_float(r.get("n_pairs"))) else 0
     holm = _float(r.get(f"{test}_p_holm"))
-    if test == primary:
-        word = str(r.get("verdict") or family.word(r, primary))
-    else:
-        word = ("secondary: " + ("no difference measured" if not holm < stats.ALPHA else
-                                 ("earlier" if test == "first_passage" and _float(r["earlier"]) > _float(r["later"])
-                                  else "later" if test == "first_passage"
-                                  else "higher" if _float(r[family.TESTS[test][0]]) > 0 else "lower")))
+    word = str(r.get("verdict") or family.word(r, primary)) if test == primary else "secondary: " + family.word(r, test)
     if test == "first_passage":
         est = (f"earlier in {int(_float(r['earlier']))}, later in {int(_float(r['later']))}, same in "
                f"{int(_float(r['ties']))}")
