@@ -218,7 +218,7 @@ def run(args, rec: dict) -> dict:
     from jaxppo.config import load_config
     from jaxppo.models.adapters import with_adapters
     from jaxppo.trainer.mesh import mesh_from_config
-    from jaxppo.plan import plan
+    from jaxppo.cli.plan import plan
     from jaxppo.hf.from_config import lm_config
     from jaxppo.trainer.ppo.build import assemble_run, check_config
 

@@ -1,5 +1,5 @@
 """The one check of the config values that name a registry entry (``jaxppo.registry``), run by every command
-right after loading its config and before any model loads (``cli_util.parse_args_and_config``; the sweep runner
+right after loading its config and before any model loads (``jaxppo.cli.util.parse_args_and_config``; the sweep runner
 for each run's config).
 
 The config schema (``jaxppo.config``) sits below every registry, so it types these keys as plain strings; the
@@ -16,13 +16,13 @@ from jaxppo import ops, replay
 from jaxppo.config.core import ConfigError
 from jaxppo.registry import Registry
 from jaxppo.rewards.registry import REWARDS
-from jaxppo.trainer.registry import POLICY_LOSSES
+from jaxppo.trainer.ppo.policy_losses import POLICY_LOSSES
 
 #: dotted config key -> (registry, its public home, values besides the registry's names that mean "off")
 NAMED_KEYS: dict[str, tuple[Registry, str, tuple[str, ...]]] = {
     "algorithm.adv_estimator": (ops.ADVANTAGE_ESTIMATORS, "jaxppo.ops.ADVANTAGE_ESTIMATORS", ()),
     "replay.priority": (ops.PRIORITIES, "jaxppo.ops.PRIORITIES", ()),
-    "actor.policy_loss": (POLICY_LOSSES, "jaxppo.trainer.registry.POLICY_LOSSES", ()),
+    "actor.policy_loss": (POLICY_LOSSES, "jaxppo.trainer.ppo.policy_losses.POLICY_LOSSES", ()),
     "pf_ppo.filter": (replay.PF_FILTERS, "jaxppo.replay.PF_FILTERS", ()),
     "pf_ppo.reweight_method": (replay.PF_REWEIGHTS, "jaxppo.replay.PF_REWEIGHTS", ("none",)),
     "reward.kind": (REWARDS, "jaxppo.rewards.REWARDS", ()),

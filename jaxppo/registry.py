@@ -9,7 +9,7 @@ registry                    lives in                            config key
 ``PRIORITIES``              ``jaxppo.ops.priorities``           ``replay.priority``
 ``PF_FILTERS``              ``jaxppo.replay.pf_ppo``            ``pf_ppo.filter``
 ``PF_REWEIGHTS``            ``jaxppo.replay.pf_ppo``            ``pf_ppo.reweight_method``
-``POLICY_LOSSES``           ``jaxppo.trainer.registry``         ``actor.policy_loss``
+``POLICY_LOSSES``           ``jaxppo.trainer.ppo.policy_losses``         ``actor.policy_loss``
 ``REWARDS``                 ``jaxppo.rewards.registry``         ``reward.kind``
 ==========================  ==================================  ==============================
 

@@ -33,8 +33,7 @@ import signal
 import sys
 from pathlib import Path
 
-COMMANDS = {"train": "jaxppo.train", "dpo": "jaxppo.dpo", "evaluate": "jaxppo.evaluate",
-            "reward": "jaxppo.reward", "collect": "jaxppo.collect"}
+COMMANDS = {name: f"jaxppo.cli.{name}" for name in ("train", "dpo", "evaluate", "reward", "collect")}
 
 
 def distributed_kwargs(env=os.environ) -> dict:
@@ -103,7 +102,7 @@ def last_checkpoint(rest: list[str]) -> tuple[int | None, Path | None]:
     """The newest complete checkpoint step of the run that ``rest`` (``--config FILE key=value ...``) describes, and
     its ``checkpoints`` folder; (None, folder or None) when there is none or the config cannot be read."""
     try:
-        from jaxppo.cli_util import parse_args_and_config
+        from jaxppo.cli.util import parse_args_and_config
 
         _, cfg = parse_args_and_config("launch/multihost.py", "", rest)
         folder = Path(cfg.trainer.output_dir) / "checkpoints"

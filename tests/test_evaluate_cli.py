@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxppo.evaluate import main
+from jaxppo.cli.evaluate import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -210,8 +210,8 @@ def test_unknown_config_key_exits_2(stories, data_file, tmp_path):
 def test_evaluating_a_training_runs_export_reproduces_its_final_evaluation(stories, data_file, tmp_path):
     """Same config → the trainer's held-out prompts, key and sampling: eval.json of <run>/hf equals summary.json."""
     from jaxppo.config import load_config
-    from jaxppo.trainer.ppo.loop import train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import train
+    from jaxppo.trainer.ppo.build import build_run
 
     run_dir = tmp_path / "run"
     train_args = ["actor.ppo_mini_batch_size=4", "replay.capacity=64", "trainer.total_steps=2",

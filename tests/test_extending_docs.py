@@ -15,7 +15,7 @@ from jaxppo import ops, replay
 from jaxppo.config import ConfigError, load_config
 from jaxppo.config_names import NAMED_KEYS, check_config_names
 from jaxppo.rewards import REWARDS, reward_fn_from_config
-from jaxppo.trainer.registry import POLICY_LOSSES
+from jaxppo.trainer.ppo.policy_losses import POLICY_LOSSES
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "extending.md"

@@ -27,8 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("jaxppo.config_names",),   # the one check of registry names (imports the registries' layers)
     ("jaxppo.sweeps",),
     # command lines (and their shared helpers): never imported by the library
-    ("jaxppo.cli", "jaxppo.cli_util", "jaxppo.train", "jaxppo.evaluate", "jaxppo.collect",
-     "jaxppo.reward", "jaxppo.dpo", "jaxppo.sweep", "jaxppo.prompts", "jaxppo.plan"),
+    ("jaxppo.cli", "jaxppo.train", "jaxppo.evaluate", "jaxppo.collect", "jaxppo.reward", "jaxppo.dpo", "jaxppo.sweep",
+     "jaxppo.prompts", "jaxppo.plan"),
 ]
 #: the docs' sentence, bottom first (the command-line row is written "command lines")
 SENTENCE = ["registry", "ops", "parallel", "config", "replay", "models", "optim", "hf", "data", "rewards", "trainer",

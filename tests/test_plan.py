@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo.config import load_config
 from jaxppo.parallel import make_mesh
-from jaxppo.plan import GiB, format_table, plan, tree_bytes
+from jaxppo.cli.plan import GiB, format_table, plan, tree_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 # Qwen/Qwen2.5-7B-Instruct config.json (the shapes only; tests/trainer/test_examples.py QWEN25_7B)
@@ -183,7 +183,7 @@ def test_load_peak_of_a_quantized_base_by_hand(tmp_path, fmt):
     projection's codes and scales, one layer's float slice and the quantizer's compiled temporaries."""
     from jaxppo.models.lora import _N_IN
     from jaxppo.models.quant import quantize_int8, quantize_nf4_last
-    from jaxppo.plan import load_peak
+    from jaxppo.cli.plan import load_peak
 
     L, D, H, K, hd, F, V, r = 2, 128, 2, 1, 64, 256, 512, 4
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": D,

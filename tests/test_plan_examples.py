@@ -23,8 +23,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxppo import plan as planmod
-from jaxppo.plan import (CATEGORIES, GiB, LAYOUTS, TABLE_BEGIN, TABLE_END, examples_table, layout_config,
+from jaxppo.cli import plan as planmod
+from jaxppo.cli.plan import (CATEGORIES, GiB, LAYOUTS, TABLE_BEGIN, TABLE_END, examples_table, layout_config,
                          plan_layout, read_records, rewrite_table)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -97,7 +97,7 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         return loss, {}, lambda: jax.block_until_ready(step(params, ids)), versions, notes
 
     if task in ("dpo", "lora"):
-        from jaxppo.trainer.dpo.step import DPOHParams, DPOState, make_dpo_step
+        from jaxppo.trainer.dpo.steps import DPOHParams, DPOState, make_dpo_step
         from jaxppo.optim import split_params
         if task == "lora":
             from jaxppo.models.adapters import split_frozen
@@ -139,7 +139,7 @@ def _rl_update(task, hp, spec, b, model, versions, notes):
     import numpy as np
 
     from jaxppo import ops
-    from jaxppo.trainer.ppo.batch import BufferItem, Prepared, Trajectories
+    from jaxppo.trainer.ppo.buffer_types import BufferItem, Prepared, Trajectories
     from jaxppo.trainer.ppo.hparams import (
         PFHP,
         ActorHP,

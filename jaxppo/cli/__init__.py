@@ -1,7 +1,7 @@
 """``jaxppo COMMAND [ARGS]``: the console entry point (``[project.scripts]``); ``python -m jaxppo.cli`` is the same.
 
-Each command is the module of the same name's ``main(argv)``; ``python -m jaxppo.<module>`` keeps working. The table
-below is also what ``jaxppo --help`` prints.
+Each command is ``main(argv)`` of the module of the same name in this package; ``python -m jaxppo.<command>`` runs the
+same (a one-line module at the package root). The table below is also what ``jaxppo --help`` prints.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from collections.abc import Sequence
 
 #: command -> (module whose ``main(argv)`` runs it, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("jaxppo.train", "offline PPO: train, evaluate before/after, export hf/"),
-    "evaluate": ("jaxppo.evaluate", "a trained policy against the reference on the same held-out prompts"),
-    "collect": ("jaxppo.collect", "build an offline dataset: K samples per prompt with token log-probs, scored"),
-    "reward": ("jaxppo.reward", "train / apply a Bradley-Terry reward model; pairs to a scored dataset"),
-    "prompts": ("jaxppo.prompts", "prompts of one side of a preference config's by-prompt split"),
-    "dpo": ("jaxppo.dpo", "DPO, the offline preference baseline"),
-    "sweep": ("jaxppo.sweep", "seeds x variants of a base config, resumable"),
+    "train": ("jaxppo.cli.train", "offline PPO: train, evaluate before/after, export hf/"),
+    "evaluate": ("jaxppo.cli.evaluate", "a trained policy against the reference on the same held-out prompts"),
+    "collect": ("jaxppo.cli.collect", "build an offline dataset: K samples per prompt with token log-probs, scored"),
+    "reward": ("jaxppo.cli.reward", "train / apply a Bradley-Terry reward model; pairs to a scored dataset"),
+    "prompts": ("jaxppo.cli.prompts", "prompts of one side of a preference config's by-prompt split"),
+    "dpo": ("jaxppo.cli.dpo", "DPO, the offline preference baseline"),
+    "sweep": ("jaxppo.cli.sweep", "seeds x variants of a base config, resumable"),
     "report": ("jaxppo.sweeps.report", "regenerate the sweep and claims tables of docs/results.md"),
     "calibrate": ("jaxppo.sweeps.calibrate", "error rates of the sweep statistics on synthetic A/A sweeps"),
     "prereg": ("jaxppo.sweeps.prereg", "check and analyse a pre-registered experiment"),
-    "plan": ("jaxppo.plan", "per-device memory of a config's run, compiled ahead of time"),
+    "plan": ("jaxppo.cli.plan", "per-device memory of a config's run, compiled ahead of time"),
 }
 
 

@@ -82,7 +82,7 @@ class ActorConfig:
     kl_loss_coef: float = field(0.001, ge=0.0)
     kl_loss_type: KLKind = "k1+"
     loss_agg_mode: AggMode = "token-mean"
-    # a name of jaxppo.trainer.registry.POLICY_LOSSES ("ppo": clipped surrogate with dual clip); registry names
+    # a name of jaxppo.trainer.ppo.policy_losses.POLICY_LOSSES ("ppo": clipped surrogate with dual clip); registry names
     # are checked by jaxppo.config_names before any model loads
     policy_loss: str = "ppo"
     optim: OptimConfig = field(default_factory=OptimConfig)

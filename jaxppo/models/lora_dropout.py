@@ -12,7 +12,7 @@ Randomness is explicit: a model called with ``lora_key`` (``CausalLM.__call__`` 
 and v draw independent masks of the same input (PEFT: one dropout module per adapted linear). Without a key
 (every evaluation, reference / behaviour log-prob pass, prepare pass, export) there is no dropout and no random
 operation at all. The trainers pass a key only in the training update's loss (``trainer/ppo/steps.py``,
-``trainer/dpo/step.py``).
+``trainer/dpo/steps.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 doc of :mod:`jaxppo.evaluate` describes the outputs).
 
 ``evaluate(cfg, policy)`` loads the reference ``model.path`` and the policy (a Hugging Face folder or ``.gguf``;
-default the reference itself) on the mesh, takes the held-out rows of training (:func:`split_data`), runs the
+default the reference itself) on the mesh, takes the held-out rows of training (:func:`jaxppo.data.split.split_data`), runs the
 trainers' evaluation (:func:`jaxppo.trainer.evaluation.heldout_eval`) on both, the held-out perplexities, and
 :func:`jaxppo.trainer.evaluation.compare` (paired per-prompt bootstrap of the gain); writes ``eval.json`` and
 ``eval_samples.jsonl`` under ``trainer.output_dir``.
@@ -15,33 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
 from jaxppo.config import Config, to_dict
+from jaxppo.data.split import split_data
 from jaxppo.parallel.host import is_main_process
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-
-
-def split_data(cfg: Any, tokenizer: Any, *, reference_path: str | None = None,
-               reference: Any = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Any]:
-    """``(train, heldout, report)``: the rows of ``cfg.data`` tokenized and split by prompt group with
-    ``split_by_group(group_id, data.eval_fraction, data.seed)`` — the split of every run (training and
-    ``jaxppo.evaluate``). With a reference (path and model) the rows without logged behaviour log-probs get
-    them from it (training needs them); without, they stay 0 — the rows and the split do not depend on it.
-    With ``data.score_noise_sd > 0`` the training rows' scores get label noise
-    (:func:`jaxppo.data.label_noise.noisy_scores` with ``trainer.seed``); the held-out rows keep theirs.
-    """
-    from jaxppo.data import load_scored_arrays, split_by_group
-    from jaxppo.data.label_noise import noisy_scores
-
-    arrays, report = load_scored_arrays(cfg.data, tokenizer, reference_path=reference_path, reference=reference)
-    train_rows, eval_rows = split_by_group(arrays["group_id"].tolist(), cfg.data.eval_fraction, cfg.data.seed)
-    train = {k: np.asarray(v)[train_rows] for k, v in arrays.items()}
-    heldout = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
-    if cfg.data.score_noise_sd > 0:
-        train["score"] = noisy_scores(train["score"], train["index"], cfg.data.score_noise_sd, cfg.trainer.seed)
-    return train, heldout, report
 
 
 def resolve_policy_path(policy: str | None, model_path: str) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxppo.cli_util import parse_config_args
+from jaxppo.cli.util import parse_config_args
 from jaxppo.hf.paths import MODEL_ALIASES, resolve_model_path, tokenizer_path
 from jaxppo.config.schema import ModelConfig
 
@@ -97,7 +97,7 @@ def test_eos_ids_prefers_the_model_config_then_the_tokenizer():
 def test_cli_util_holds_no_library_logic():
     import inspect
 
-    import jaxppo.cli_util as cu
+    import jaxppo.cli.util as cu
 
     own = {n for n, f in vars(cu).items() if inspect.isfunction(f) and f.__module__ == cu.__name__}
     assert own == {"parse_config_args", "parse_args_and_config", "setup_logging", "report_user_error", "run_cli"}
@@ -106,7 +106,7 @@ def test_cli_util_holds_no_library_logic():
 def test_parse_args_and_config_adds_command_options(tmp_path, capsys):
     import pytest
 
-    from jaxppo.cli_util import parse_args_and_config
+    from jaxppo.cli.util import parse_args_and_config
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("trainer:\n  seed: 3\n")
@@ -127,7 +127,7 @@ def test_parse_args_and_config_adds_command_options(tmp_path, capsys):
 
 
 def test_run_cli_turns_user_errors_into_one_line(capsys):
-    from jaxppo.cli_util import run_cli
+    from jaxppo.cli.util import run_cli
     from jaxppo.config import ConfigError
 
     class Custom(RuntimeError):

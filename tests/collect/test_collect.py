@@ -129,7 +129,7 @@ def test_same_seed_same_data_other_seed_other_data(collected, tmp_path):
 
 
 def test_cli_jsonl_output_and_prompt_truncation(collected, tmp_path, capsys):
-    from jaxppo.collect import main
+    from jaxppo.cli.collect import main
     from jaxppo.config.schema import DataConfig
     from jaxppo.data import load_rows
 
@@ -147,7 +147,7 @@ def test_cli_jsonl_output_and_prompt_truncation(collected, tmp_path, capsys):
 
 
 def test_cli_errors_are_clear(collected, tmp_path, capsys):
-    from jaxppo.collect import main
+    from jaxppo.cli.collect import main
 
     cfg_file, _, _ = collected
     with pytest.raises(SystemExit) as e:

@@ -51,7 +51,7 @@ def test_a_registered_reward_is_selectable_and_built_from_the_config():
 
 def test_commands_check_names_before_loading_a_model(tmp_path, capsys):
     """``model.path`` does not exist: the name error comes first, as a config error (exit 2)."""
-    from jaxppo.cli_util import parse_args_and_config
+    from jaxppo.cli.util import parse_args_and_config
 
     with pytest.raises(SystemExit) as e:
         parse_args_and_config("prog", "d", [f"model.path={tmp_path / 'missing'}", "actor.policy_loss=nope"])

@@ -355,7 +355,7 @@ def test_smollm2_template_on_hh_pairs_for_reward_models_and_dpo(multi_turn, smol
 
 
 def test_collect_prompt_file_accepts_chat_messages(tmp_path, smollm2_tok):
-    from jaxppo.collect import read_prompts
+    from jaxppo.cli.collect import read_prompts
     from jaxppo.data.tokenize import encode_prompts
 
     f = tmp_path / "p.jsonl"

@@ -52,7 +52,7 @@ def test_split_data_adds_noise_to_the_training_rows_only(tmp_path, stories_token
     """``data.score_noise_sd``: the training rows' scores move by sd * z (the run's trainer.seed, the row's index),
     the held-out rows and every other array stay as without noise."""
     from jaxppo.config import load_config
-    from jaxppo.trainer.policy_eval import split_data
+    from jaxppo.data.split import split_data
 
     monkeypatch.setenv("JAXPPO_CACHE_DIR", str(tmp_path / "cache"))
     rows = [{"prompt": f"Once upon a time {i}", "response": f" there was a cat {j}", "score": 0.1 * i - 0.05 * j,

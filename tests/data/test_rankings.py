@@ -117,8 +117,8 @@ def qa_feedback(shared_dir, tmp_path_factory):
 def test_to_scored_on_rankings_writes_each_answer_once_with_win_rates(qa_feedback, ties, tmp_path, capsys):
     from jaxppo.config import load_config
     from jaxppo.hf import load_tokenizer
-    from jaxppo.reward import main
-    from jaxppo.trainer.dpo.loop import load_pairs
+    from jaxppo.cli.reward import main
+    from jaxppo.trainer.dpo.algorithm import load_pairs
 
     out = tmp_path / "out"
     assert main(["to-scored", "--config", str(qa_feedback), f"data.ties={ties}", f"trainer.output_dir={out}"]) == 0
@@ -141,7 +141,7 @@ def test_to_scored_on_rankings_writes_each_answer_once_with_win_rates(qa_feedbac
 
 
 def test_to_scored_on_ratings_keeps_each_answers_rating(qa_feedback, tmp_path, capsys):
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     data = tmp_path / "rated.jsonl"
     rows = [RATED, {"prompt": "The dog", "completions": [{"response": " ran.", "score": -1.5},

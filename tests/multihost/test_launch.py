@@ -18,11 +18,11 @@ def mh():
 
 
 def test_split_command(mh):
-    assert mh.split_command(["--config", "a.yaml"]) == ("jaxppo.train", ["--config", "a.yaml"])
-    assert mh.split_command([]) == ("jaxppo.train", [])
-    assert mh.split_command(["dpo", "--config", "d.yaml", "x=1"]) == ("jaxppo.dpo", ["--config", "d.yaml", "x=1"])
-    for name, module in [("train", "jaxppo.train"), ("evaluate", "jaxppo.evaluate"), ("reward", "jaxppo.reward"),
-                         ("collect", "jaxppo.collect")]:
+    assert mh.split_command(["--config", "a.yaml"]) == ("jaxppo.cli.train", ["--config", "a.yaml"])
+    assert mh.split_command([]) == ("jaxppo.cli.train", [])
+    assert mh.split_command(["dpo", "--config", "d.yaml", "x=1"]) == ("jaxppo.cli.dpo", ["--config", "d.yaml", "x=1"])
+    for name in ["train", "evaluate", "reward", "collect"]:
+        module = f"jaxppo.cli.{name}"
         assert mh.split_command([name, "--config", "c"])[0] == module
     with pytest.raises(SystemExit, match="unknown command 'trian'"):
         mh.split_command(["trian", "--config", "c"])

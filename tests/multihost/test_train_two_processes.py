@@ -24,7 +24,7 @@ RTOL = 1e-4
 @pytest.fixture(scope="module")
 def smoke_data(tmp_path_factory, stories_model) -> Path:
     """The smoke config's dataset (40 story openings x 4 samples, VADER), collected once in this process."""
-    from jaxppo.collect import collect
+    from jaxppo.cli.collect import collect
     from jaxppo.config import load_config
     from jaxppo.rewards import reward_fn_from_config
 

@@ -222,7 +222,7 @@ def test_registry_model_reward_uses_the_folder(trained):
 
 
 def test_cli_score_on_preference_and_scored_data(trained, tmp_path, capsys):
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     cfg_file, out, result = trained
     assert main(["score", "--config", str(cfg_file), f"reward.model_path={out}",
@@ -244,7 +244,7 @@ def test_cli_score_on_preference_and_scored_data(trained, tmp_path, capsys):
 
 
 def test_cli_train_prints_the_report_the_interval_both_baselines_and_the_warning(trained, tmp_path, capsys):
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     cfg_file, _, _ = trained
     assert main(["train", "--config", str(cfg_file), "reward.epochs=1", f"trainer.output_dir={tmp_path}"]) == 0
@@ -259,7 +259,7 @@ def test_cli_train_prints_the_report_the_interval_both_baselines_and_the_warning
 
 
 def test_cli_errors_are_clear(trained, tmp_path, capsys):
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     cfg_file, out, _ = trained
     with pytest.raises(SystemExit) as e:
@@ -368,7 +368,7 @@ def test_to_scored_label_mode_on_hh_pairs_then_reference_logprobs(hh, shared_dir
     from jaxppo.config.schema import DataConfig
     from jaxppo.data import load_scored_arrays
     from jaxppo.hf import load_pretrained, load_tokenizer
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     root, cfg, rows = hh
     out = tmp_path / "label"
@@ -433,7 +433,7 @@ def test_to_scored_with_a_reward_model_on_conversational_pairs(conv_rm, hh, shar
     from jaxppo.config.schema import DataConfig
     from jaxppo.data import load_scored_arrays
     from jaxppo.data.tokenize import fit_prompt, fit_response, left_pad, right_pad
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
     from jaxppo.rewards.model_io import score_arrays
 
     rm_dir, result = conv_rm
@@ -494,7 +494,7 @@ def test_to_scored_with_a_reward_model_on_conversational_pairs(conv_rm, hh, shar
 
 
 def test_to_scored_needs_preference_data(hh, tmp_path, capsys):
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     _, cfg, _ = hh
     assert main(["to-scored", "--config", str(cfg), "data.schema=scored", f"trainer.output_dir={tmp_path}"]) == 2

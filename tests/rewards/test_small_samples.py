@@ -46,7 +46,7 @@ def test_both_length_baselines_by_hand():
 
 @pytest.mark.parametrize("command", ["score", "to-scored"])
 def test_a_wrong_reward_model_path_is_reported_before_the_data_is_read(command, tmp_path, capsys):
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     missing_data = tmp_path / "no_such_pairs.jsonl"   # would fail later with 'data file not found'
     cfg = tmp_path / "cfg.yaml"
@@ -58,7 +58,7 @@ def test_a_wrong_reward_model_path_is_reported_before_the_data_is_read(command, 
 
 
 def test_train_with_a_model_reward_checks_its_folder_first(tmp_path, capsys):
-    from jaxppo.train import main
+    from jaxppo.cli.train import main
 
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"data: {{path: {tmp_path / 'no_such_rows.jsonl'}}}\n"

@@ -34,8 +34,8 @@ def pairs_cfg(shared_dir, tmp_path_factory):
 
 def test_to_scored_keeps_the_pairs_dpo_keeps_and_writes_each_answer_once(pairs_cfg, tmp_path, capsys):
     from jaxppo.hf import load_tokenizer
-    from jaxppo.reward import main
-    from jaxppo.trainer.dpo.loop import load_pairs
+    from jaxppo.cli.reward import main
+    from jaxppo.trainer.dpo.algorithm import load_pairs
 
     out = tmp_path / "out"
     assert main(["to-scored", "--config", str(pairs_cfg), f"trainer.output_dir={out}"]) == 0
@@ -75,7 +75,7 @@ def test_scored_file_reads_back_as_groups_per_prompt(pairs_cfg, tmp_path):
     from jaxppo.config.schema import DataConfig
     from jaxppo.data import load_rows, tokenize_rows
     from jaxppo.hf import load_tokenizer
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     out = tmp_path / "out"
     assert main(["to-scored", "--config", str(pairs_cfg), f"trainer.output_dir={out}"]) == 0
@@ -88,7 +88,7 @@ def test_scored_file_reads_back_as_groups_per_prompt(pairs_cfg, tmp_path):
 
 
 def test_context_longer_than_the_model_is_a_config_error(pairs_cfg, tmp_path, capsys):
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
 
     # stories260K: max_position_embeddings 512
     assert main(["to-scored", "--config", str(pairs_cfg), "data.max_response_length=600",

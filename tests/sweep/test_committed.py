@@ -22,7 +22,7 @@ def test_the_committed_sweeps_are_found():
 
 @pytest.mark.parametrize("name", COMMITTED)
 def test_the_sweep_command_rewrites_the_committed_tables(name, tmp_path, monkeypatch, capsys):
-    from jaxppo.sweep import main
+    from jaxppo.cli.sweep import main
 
     src = REPO / "results" / "sweeps" / name
     out = tmp_path / name

@@ -144,7 +144,7 @@ def test_finished_runs_of_another_config_block_new_runs_but_not_the_tables(sweep
 def test_print_commands(tmp_path, capsys, monkeypatch):
     import yaml
 
-    from jaxppo.sweep import main
+    from jaxppo.cli.sweep import main
 
     monkeypatch.chdir(tmp_path)
     f = tmp_path / "s.yaml"
@@ -186,7 +186,7 @@ def test_a_committed_run_without_checkpoints_is_finished(sweep):
 
 
 def test_the_positional_form_warns_and_conflicts_are_errors(tmp_path, capsys):
-    from jaxppo.sweep import main
+    from jaxppo.cli.sweep import main
 
     with pytest.raises(SystemExit):
         main([])

@@ -107,7 +107,7 @@ def test_profile_merges_mappings_appends_overrides_and_replaces_the_rest():
 
 
 def test_cli_rejects_a_bad_sweep_before_any_run(tmp_path, capsys):
-    from jaxppo.sweep import main
+    from jaxppo.cli.sweep import main
 
     out = tmp_path / "sweep_out"
     f = tmp_path / "bad.yaml"

@@ -6,7 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxppo.trainer.ppo.batch import (
+from jaxppo.trainer.ppo.buffer_types import (
     TRAJECTORY_DTYPES,
     BufferItem,
     Prepared,

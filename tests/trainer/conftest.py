@@ -38,7 +38,7 @@ def compile_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def scored_data(tmp_path_factory, stories_model) -> Path:
     """``data.jsonl``: 4 stories260K samples for each of 40 story openings, VADER-scored (jaxppo.collect)."""
-    from jaxppo.collect import collect
+    from jaxppo.cli.collect import collect
     from jaxppo.config import load_config
 
     out = tmp_path_factory.mktemp("scored")

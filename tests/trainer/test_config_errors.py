@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from jaxppo.config import ConfigError, load_config
-from jaxppo.trainer.ppo.setup import build_run
+from jaxppo.trainer.ppo.build import build_run
 from tests.trainer.conftest import REPO
 
 
@@ -40,7 +40,7 @@ def test_bad_config_is_a_clear_error(overrides, devices, match):
 ])
 def test_bad_dpo_config_is_a_clear_error(overrides, n_devices, match):
     """The DPO trainer's config check shares the mesh checks (``jaxppo.trainer.micro.check_mesh``) with the PPO trainer's."""
-    from jaxppo.trainer.dpo.loop import check_dpo_config
+    from jaxppo.trainer.dpo.algorithm import check_dpo_config
 
     cfg = load_config(None, ["data.schema=preference", "data.path=/nonexistent/pairs.jsonl", *overrides])
     with pytest.raises(ConfigError, match=match):

@@ -50,8 +50,8 @@ def test_five_row_file_with_one_good_row_stops_with_the_counts(tmp_path, stories
 
 def test_report_is_printed_and_written_into_the_summary(tmp_path, stories_model, capsys):
     from jaxppo.config import load_config
-    from jaxppo.trainer.ppo.loop import train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import train
+    from jaxppo.trainer.ppo.build import build_run
 
     data = tmp_path / "scored.jsonl"
     good = [json.dumps({**GOOD, "prompt": f"Story {i}: once upon a time.", "score": (i % 5) / 5.0})
@@ -73,7 +73,7 @@ def test_report_is_printed_and_written_into_the_summary(tmp_path, stories_model,
 def test_no_heldout_prompt_while_evaluation_is_on_is_an_error(tmp_path, stories_model):
     from jaxppo.config import load_config
     from jaxppo.data.report import DataError
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.build import build_run
 
     data = tmp_path / "scored.jsonl"
     data.write_text("\n".join(json.dumps({**GOOD, "score": i / 20}) for i in range(20)) + "\n", encoding="utf-8")

@@ -77,7 +77,7 @@ def _per_device_bytes(state, specs, mesh_shape) -> tuple[int, int]:
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES))
 def test_example_config_shardings_divide_and_fit(path):
-    from jaxppo.trainer.ppo.setup import check_config
+    from jaxppo.trainer.ppo.build import check_config
 
     cfg = load_config(REPO / path)
     n_dev, budget = EXAMPLES[path]
@@ -189,7 +189,7 @@ LORA_EXAMPLES = {
 def test_lora_examples_fit_one_gpu_by_the_plan(path, tmp_path):
     import json
 
-    from jaxppo.plan import GiB, plan
+    from jaxppo.cli.plan import GiB, plan
     from tests.test_plan import QWEN25_7B_HF
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B_HF))

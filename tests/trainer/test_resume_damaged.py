@@ -26,8 +26,8 @@ def _deterministic(row: dict) -> dict:
 
 
 def test_resume_skips_a_damaged_newest_checkpoint(make_cfg, tmp_path):
-    from jaxppo.trainer.ppo.loop import train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import train
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("data.eval_fraction=0", "trainer.total_steps=12", "trainer.save_every=4", "trainer.keep_last=3")
     train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))
@@ -69,8 +69,8 @@ def test_resume_from_the_step0_checkpoint(make_cfg, tmp_path):
     StepAlreadyExistsError: the loop saved step 0 again) and then does exactly what an uninterrupted run does."""
     import shutil
 
-    from jaxppo.trainer.ppo.loop import train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import train
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("data.eval_fraction=0", "trainer.total_steps=4", "trainer.save_every=4", "trainer.keep_last=3")
     train(cfg, run=build_run(cfg, devices=jax.devices()[:1]))

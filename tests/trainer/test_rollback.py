@@ -25,8 +25,8 @@ def _steps(ckpt_dir: Path) -> list[int]:
 def test_rollback_restores_newest_verified_checkpoint_and_its_data_cursor(make_cfg, tmp_path, monkeypatch):
     from jaxppo.trainer import harness
     from jaxppo.trainer.checkpoint import Checkpointer
-    from jaxppo.trainer.ppo import loop
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo import algorithm as loop
+    from jaxppo.trainer.ppo.build import build_run
 
     # 120 training rows, a 32-row buffer window reloaded every 5 steps: the data cursor moves (0, 32, 64)
     cfg = make_cfg("trainer.save_every=2", "guards.ppl_every=6", "trainer.keep_last=2", "trainer.total_steps=12",
@@ -59,8 +59,8 @@ def test_rollback_restores_newest_verified_checkpoint_and_its_data_cursor(make_c
 
 
 def test_length_guard_fires_on_policy_generations_not_on_data(make_cfg, tmp_path, monkeypatch):
-    from jaxppo.trainer.ppo import loop
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo import algorithm as loop
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("trainer.eval_every=1", "trainer.total_steps=4", "trainer.save_every=100")
     policy_lengths = iter([4.0, 4.0, 4.0, 4.0, 9.0])   # step 0 (the reference), 1..4: doubles at step 4
@@ -97,8 +97,8 @@ def test_length_guard_fires_on_policy_generations_not_on_data(make_cfg, tmp_path
 
 def test_length_probe_feeds_the_guard(make_cfg, tmp_path):
     from jaxppo.trainer.evaluation import generated_length, heldout_eval_prompts
-    from jaxppo.trainer.ppo.loop import _LengthProbe, train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import _LengthProbe, train
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("guards.length_probe_every=2", "guards.length_probe_prompts=3", "trainer.total_steps=4",
                    "trainer.save_every=100")

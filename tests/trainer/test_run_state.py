@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from jaxppo.trainer.dpo.step import DPOState
+from jaxppo.trainer.dpo.steps import DPOState
 from jaxppo.trainer.ppo.state import TrainState
 from jaxppo.trainer.run_state import RUN_STATE_FIELDS, RunState
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxppo.trainer.micro import strided_merge, strided_split
-from jaxppo.trainer.ppo.setup import build_run
+from jaxppo.trainer.ppo.build import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -61,7 +61,7 @@ def _actual_bytes(tree) -> int:
 
 def _assert_plan_matches(run):
     """``jaxppo.plan`` (config.json only, abstract) gives the concrete run's per-device bytes."""
-    from jaxppo.plan import plan
+    from jaxppo.cli.plan import plan
 
     p = plan(run.cfg, devices=jax.devices()[:8], compile_step=False)["per_device"]
     s = run.state

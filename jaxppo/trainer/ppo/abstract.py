@@ -11,7 +11,7 @@ import jax
 
 from jaxppo.hf.from_config import abstract_model
 from jaxppo.trainer.policy import split_policy
-from jaxppo.trainer.ppo.batch import example_item
+from jaxppo.trainer.ppo.buffer_types import example_item
 from jaxppo.trainer.ppo.build import build_core
 from jaxppo.trainer.ppo.critic import build_critic
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams

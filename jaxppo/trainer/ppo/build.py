@@ -3,7 +3,7 @@ functions.
 
 ``build_run(cfg)`` returns a :class:`Run` whose ``state`` is the initial ``TrainState`` (placed on the mesh) and
 whose ``prepare`` / ``step`` are the jitted prepare and update functions. The algorithm plug-in
-(``jaxppo.trainer.ppo.loop``) drives it; tests use it directly. The policy comes from ``jaxppo.trainer.policy``
+(``jaxppo.trainer.ppo.algorithm``) drives it; tests use it directly. The policy comes from ``jaxppo.trainer.policy``
 (full weights or adapters), the critic from ``jaxppo.trainer.ppo.critic``, the buffer windows from
 ``jaxppo.trainer.ppo.windows``; ``step_hparams(cfg)`` is worked out once, by :func:`check_config`, and handed to
 every builder.
@@ -27,8 +27,8 @@ from jaxppo.optim import init_optimizer, make_optimizer, replicate_leaves, shard
 from jaxppo.trainer.harness import check_rows
 from jaxppo.trainer.micro import check_mesh
 from jaxppo.trainer.policy import Policy, PolicyRun, split_policy
-from jaxppo.trainer.policy_eval import split_data
-from jaxppo.trainer.ppo.batch import BufferItem, example_item, zero_prepared
+from jaxppo.data.split import split_data
+from jaxppo.trainer.ppo.buffer_types import BufferItem, example_item, zero_prepared
 from jaxppo.trainer.ppo.critic import build_critic
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 from jaxppo.trainer.ppo.prepare import make_prepare_fn, pf_filter

@@ -23,7 +23,7 @@ from flax import nnx
 from jaxppo import ops
 from jaxppo.models.adapters import merge_with_base, trunk_of
 from jaxppo.ops.logits import entropy_metric_from_logits
-from jaxppo.trainer.ppo.batch import TokenFields
+from jaxppo.trainer.ppo.buffer_types import TokenFields
 
 
 def _ids_mask(batch: TokenFields) -> tuple[jax.Array, jax.Array, int, int]:

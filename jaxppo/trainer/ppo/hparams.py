@@ -5,7 +5,7 @@ returns hashable records, so ``actor_terms`` / ``critic_terms`` / the prepare an
 whole ``Config``:
 
 - :class:`ActorHP`: PPO clip ``[1 − clip_low, 1 + clip_high]``, dual clip ``c``, aggregation, entropy and KL-loss
-  coefficients, the policy loss name (``jaxppo.trainer.registry.POLICY_LOSSES``);
+  coefficients, the policy loss name (``jaxppo.trainer.ppo.policy_losses.POLICY_LOSSES``);
 - :class:`CriticHP`: value clip, aggregation, ``c_v``; ``None`` in :class:`StepHP` for a critic-free estimator;
 - :class:`AdvantageHP`: the estimator (``jaxppo.ops.ADVANTAGE_ESTIMATORS``) with its
   :class:`jaxppo.ops.AdvantageHParams`, ``norm_adv``, the KL-in-reward settings;

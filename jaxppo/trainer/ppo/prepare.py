@@ -34,7 +34,7 @@ from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.replay.filtered import filtered_stored_priority
 from jaxppo.trainer.micro import chunked_map
-from jaxppo.trainer.ppo.batch import BufferItem, Prepared, Tokens
+from jaxppo.trainer.ppo.buffer_types import BufferItem, Prepared, Tokens
 from jaxppo.trainer.ppo.forward import (
     logp_entropy,
     response_logits,

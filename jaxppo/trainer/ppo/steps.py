@@ -67,7 +67,7 @@ from jaxppo.models.lora_dropout import DROPOUT_STREAM
 from jaxppo.optim import lr_schedule, set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
 from jaxppo.trainer.micro import group_micro_order, micro_grads, strided_merge
-from jaxppo.trainer.ppo.batch import BufferItem
+from jaxppo.trainer.ppo.buffer_types import BufferItem
 from jaxppo.trainer.ppo.forward import (
     logp_entropy,
     response_logits,
@@ -77,7 +77,7 @@ from jaxppo.trainer.ppo.forward import (
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 from jaxppo.trainer.ppo.prepare import td_residuals
 from jaxppo.trainer.ppo.state import TrainState
-from jaxppo.trainer.registry import POLICY_LOSSES
+from jaxppo.trainer.ppo.policy_losses import POLICY_LOSSES
 from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
 from jaxppo.trainer.with_base import jit_step
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
-from jaxppo.trainer.ppo.batch import TRAJECTORY_DTYPES, BufferItem, Trajectories, trajectories_from_arrays
+from jaxppo.trainer.ppo.buffer_types import TRAJECTORY_DTYPES, BufferItem, Trajectories, trajectories_from_arrays
 from jaxppo.trainer.ppo.state import TrainState
 
 

@@ -37,7 +37,7 @@ def test_kto_trains_through_the_preference_trainer(unpaired, stories_model, tmp_
     import jax
 
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo.loop import build_dpo_run, fit_dpo
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run, fit_dpo
 
     out = tmp_path / "out"
     cfg = load_config(None, dpo_overrides(stories_model, unpaired, out, tmp_path / "cache", "data.schema=scored",
@@ -55,7 +55,7 @@ def test_kto_trains_through_the_preference_trainer(unpaired, stories_model, tmp_
 
 def test_kto_needs_unpaired_rows(hh_pairs, stories_model, tmp_path):
     from jaxppo.config import ConfigError, load_config
-    from jaxppo.trainer.dpo.loop import check_dpo_config
+    from jaxppo.trainer.dpo.algorithm import check_dpo_config
 
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, tmp_path, tmp_path / "cache", "dpo.loss_type=kto"))
     with pytest.raises(ConfigError, match="dpo.loss_type=kto trains on unpaired rows"):
@@ -73,7 +73,7 @@ def test_the_kto_config_steps_turn_hh_pairs_into_kto_rows(tmp_path, monkeypatch,
     from jaxppo.data.report import DataError
     from jaxppo.data.unpaired import kto_layout, load_kto_arrays
     from jaxppo.hf import load_tokenizer
-    from jaxppo.reward import main
+    from jaxppo.cli.reward import main
     from tests.trainer.dpo.conftest import REPO
 
     monkeypatch.chdir(REPO)   # the configs' paths are relative to the repository root

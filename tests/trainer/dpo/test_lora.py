@@ -14,7 +14,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.slow
 def test_lora_dpo_trains_adapters_on_the_frozen_base(tmp_path, stories_model, hh_pairs):
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo.loop import build_dpo_run, fit_dpo
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run, fit_dpo
 
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, tmp_path / "run", tmp_path / "cache",
                                           "model.lora.rank=4", "model.lora.alpha=8", "actor.optim.lr=5e-3",

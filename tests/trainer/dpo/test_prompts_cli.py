@@ -22,8 +22,8 @@ def _prompts(path: Path) -> list:
 def test_sides_match_the_dpo_runs_split(tmp_path, stories_model, hh_pairs, capsys):
     from jaxppo.config import load_config
     from jaxppo.data import load_rows
-    from jaxppo.prompts import main
-    from jaxppo.trainer.dpo.loop import build_dpo_run
+    from jaxppo.cli.prompts import main
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run
 
     over = dpo_overrides(stories_model, hh_pairs, tmp_path / "run", tmp_path / "cache")
     with pytest.raises(SystemExit) as e:    # a missing config file: one line, status 2
@@ -47,7 +47,7 @@ def test_sides_match_the_dpo_runs_split(tmp_path, stories_model, hh_pairs, capsy
 
 
 def test_non_preference_config_is_one_line_error(tmp_path, stories_model, hh_pairs, capsys):
-    from jaxppo.prompts import main
+    from jaxppo.cli.prompts import main
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("{}\n")

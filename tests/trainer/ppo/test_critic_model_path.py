@@ -11,7 +11,9 @@ import pytest
 from flax import nnx
 
 from jaxppo.config import ConfigError
-from jaxppo.trainer.ppo.setup import abstract_core, build_run, check_critic_vocab
+from jaxppo.trainer.ppo.abstract import abstract_core
+from jaxppo.trainer.ppo.build import build_run
+from jaxppo.trainer.ppo.critic import check_critic_vocab
 
 STORIES_VOCAB = 512
 
@@ -39,7 +41,7 @@ def test_critic_trunk_is_loaded_from_its_checkpoint_trains_and_matches_the_plan(
     from safetensors.numpy import load_file
 
     from jaxppo.trainer.mesh import mesh_from_config
-    from jaxppo.trainer.ppo.loop import fit
+    from jaxppo.trainer.ppo.algorithm import fit
 
     cfg = make_cfg(f"critic.model_path={critic_dir}", "trainer.total_steps=3", "trainer.save_every=3", "model.remat=dots",
                    "data.eval_fraction=0")

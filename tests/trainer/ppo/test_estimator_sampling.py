@@ -13,8 +13,8 @@ import json
 import jax
 import pytest
 
-from jaxppo.trainer.ppo.loop import train
-from jaxppo.trainer.ppo.setup import build_run
+from jaxppo.trainer.ppo.algorithm import train
+from jaxppo.trainer.ppo.build import build_run
 
 ESTIMATORS = ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxppo.trainer.ppo.hparams import step_hparams
-from jaxppo.trainer.ppo.setup import build_run
+from jaxppo.trainer.ppo.build import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -78,7 +78,7 @@ def test_critic_free_estimator_trains_without_a_critic(make_cfg, tmp_path, estim
 
 def _mean_logp(run, params, rows):
     """Per-row mean response log-prob of the training rows ``rows`` under ``params``."""
-    from jaxppo.trainer.ppo.batch import Tokens
+    from jaxppo.trainer.ppo.buffer_types import Tokens
     from jaxppo.trainer.ppo.forward import logp_entropy, response_logits
 
     tok = Tokens(**{k: jnp.asarray(run.train[k][rows]) for k in ("prompt_ids", "prompt_mask", "response_ids",

@@ -72,7 +72,7 @@ def test_records_from_config():
 
 
 def test_policy_loss_registry():
-    from jaxppo.trainer.registry import POLICY_LOSSES
+    from jaxppo.trainer.ppo.policy_losses import POLICY_LOSSES
 
     assert "ppo" in POLICY_LOSSES
     with pytest.raises(ValueError, match="already registered"):

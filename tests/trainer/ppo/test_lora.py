@@ -20,8 +20,8 @@ def _names(tree) -> list[str]:
 @pytest.mark.slow
 def test_lora_ppo_with_gae_critic_on_the_shared_base(make_cfg, tmp_path):
     from jaxppo.hf import load_pretrained
-    from jaxppo.trainer.ppo.loop import fit
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import fit
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("model.lora.rank=4", "model.lora.alpha=8", "trainer.total_steps=6", "trainer.save_every=3",
                    "replay.refresh_every=3", "data.eval_fraction=0.1", "trainer.eval_prompts=4",
@@ -60,8 +60,8 @@ def test_lora_ppo_with_gae_critic_on_the_shared_base(make_cfg, tmp_path):
 
 
 def test_lora_grpo_on_an_int8_base_runs_a_few_steps(make_cfg):
-    from jaxppo.trainer.ppo.loop import fit
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import fit
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("model.lora.rank=2", "model.lora.targets=[q,v]", "algorithm.adv_estimator=grpo",
                    "model.lora.quantize_base=int8", "trainer.total_steps=3", "trainer.save_every=3",
@@ -121,8 +121,8 @@ def test_lora_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scor
 
 @pytest.mark.slow
 def test_lora_with_share_trunk_trains_the_head_through_the_policy_adapters(make_cfg):
-    from jaxppo.trainer.ppo.loop import fit
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import fit
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("model.lora.rank=2", "critic.share_trunk=true", "trainer.total_steps=2", "trainer.save_every=2",
                    "data.eval_fraction=0")

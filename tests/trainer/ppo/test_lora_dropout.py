@@ -27,7 +27,7 @@ def _two_steps(run, state):
 
 @pytest.mark.slow
 def test_lora_dropout_in_the_update_only_deterministic_and_mesh_independent(make_cfg):
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.build import build_run
 
     # no LR warmup: step 1 already moves B, so step 2's loss reads the masked adapters (not only other samples)
     o = ("model.lora.rank=4", "data.eval_fraction=0", "critic.ppo_epochs=2", "actor.optim.warmup_steps=0")

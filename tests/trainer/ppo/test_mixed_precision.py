@@ -121,8 +121,8 @@ def test_bf16_parameters_train_on_a_float32_master_and_resume(make_cfg, tmp_path
 
     from jaxppo.optim import MasterState
     from jaxppo.trainer.checkpoint import Checkpointer
-    from jaxppo.trainer.ppo.loop import train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import train
+    from jaxppo.trainer.ppo.build import build_run
     from tests.resume_helpers import deterministic_rows
 
     cfg = make_cfg("model.param_dtype=bfloat16", "data.eval_fraction=0", "trainer.total_steps=4",

@@ -124,7 +124,7 @@ def test_trainer_logs_rollout_corr_metrics(make_cfg):
     rollout_corr/* (finite)."""
     import jax as _jax
 
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.build import build_run
 
     run = build_run(make_cfg("importance.enabled=false", f"{RC}rollout_is=sequence",
                              f"{RC}rollout_is_threshold=0.1_10.0", f"{RC}rollout_rs=seq_mean_k3",

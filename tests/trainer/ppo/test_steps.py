@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxppo.trainer.ppo.setup import build_run
+from jaxppo.trainer.ppo.build import build_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -142,7 +142,7 @@ def test_dataset_larger_than_buffer_moves_window_by_window(make_cfg):
     most 50 rows; the data has 4 responses per prompt, so a window holds 12 groups = 48 rows); window k
     holds its rows with their data and reference log-probs, the slots past it are invalid (filter weight 0,
     a group id of their own); after prepare the step runs on it without recompiling; windows cycle."""
-    from jaxppo.trainer.ppo.setup import load_window
+    from jaxppo.trainer.ppo.windows import load_window
 
     run = build_run(make_cfg("replay.capacity=50", "critic.ppo_epochs=1"), devices=jax.devices()[:1])
     n_rows = run.train["prompt_ids"].shape[0]
@@ -180,7 +180,7 @@ def test_group_windows_keep_groups_whole():
     """Hand cases of group_order / group_windows / window_slots, and the ConfigError for a group that does
     not fit a window."""
     from jaxppo.config import ConfigError
-    from jaxppo.trainer.ppo.setup import group_order, group_windows, window_slots
+    from jaxppo.trainer.ppo.windows import group_order, group_windows, window_slots
 
     gid = np.array([7, 3, 7, 3, 5, 5, 5, 9])
     order = group_order(gid)

@@ -19,7 +19,8 @@ from jaxppo.config import ConfigError
 from jaxppo.trainer.micro import strided_split
 from jaxppo.trainer.ppo.forward import response_hidden, response_logits, response_logits_values, response_values
 from jaxppo.trainer.ppo.hparams import step_hparams
-from jaxppo.trainer.ppo.setup import build_run, check_whole_groups
+from jaxppo.trainer.ppo.build import build_run
+from jaxppo.trainer.ppo.windows import check_whole_groups
 from jaxppo.trainer.micro import chunked_map, group_micro_order
 from jaxppo.trainer.ppo.steps import make_phases
 

@@ -1,4 +1,4 @@
-"""The typed buffer rows (``jaxppo.trainer.ppo.batch``): the abstract example, the numpy conversion from the data layer's
+"""The typed buffer rows (``jaxppo.trainer.ppo.buffer_types``): the abstract example, the numpy conversion from the data layer's
 dict, and a replay buffer of ``BufferItem`` (add, sample, Orbax round trip, ``values`` None without a critic)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jaxppo import replay
-from jaxppo.trainer.ppo.batch import (
+from jaxppo.trainer.ppo.buffer_types import (
     TRAJECTORY_DTYPES,
     BufferItem,
     Prepared,

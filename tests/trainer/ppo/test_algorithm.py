@@ -45,8 +45,8 @@ def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_da
 def test_nan_updates_skipped_counted_and_rolled_back(make_cfg, tmp_path):
     import dataclasses
 
-    from jaxppo.trainer.ppo.loop import fit
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import fit
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("guards.max_nan_steps=3", "data.eval_fraction=0")  # no held-out evaluation needed here
     run = build_run(cfg, devices=jax.devices()[:1])
@@ -68,8 +68,8 @@ def test_nan_updates_skipped_counted_and_rolled_back(make_cfg, tmp_path):
 
 
 def test_heldout_reward_rises_with_is_and_per(make_cfg, tmp_path):
-    from jaxppo.trainer.ppo.loop import train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import train
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("importance.enabled=true", "replay.sampling=prioritized", "trainer.save_hf=true",
                    "trainer.plots=true", "trainer.eval_prompts=16", "trainer.eval_samples=2")
@@ -94,8 +94,8 @@ def test_heldout_reward_rises_with_is_and_per(make_cfg, tmp_path):
 def test_guard_actions_are_applied_and_logged(make_cfg, tmp_path):
     """KL above the threshold → actor LR x guards.kl_lr_factor (default 0.1, compounding); perplexity above
     tolerance → rollback."""
-    from jaxppo.trainer.ppo.loop import fit, train
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import fit, train
+    from jaxppo.trainer.ppo.build import build_run
 
     cfg = make_cfg("guards.kl_threshold=1e-9", out=tmp_path / "kl")
     assert cfg.guards.kl_lr is None and cfg.guards.kl_lr_factor == 0.1
@@ -136,8 +136,8 @@ def test_log_every_step0_eval_consumption_and_wandb(make_cfg, tmp_path, monkeypa
     an offline W&B run under the output folder."""
     pytest.importorskip("wandb")
     from jaxppo.trainer.evaluation import bootstrap_mean_ci, prompt_means
-    from jaxppo.trainer.ppo.loop import fit
-    from jaxppo.trainer.ppo.setup import build_run
+    from jaxppo.trainer.ppo.algorithm import fit
+    from jaxppo.trainer.ppo.build import build_run
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = make_cfg("trainer.log_every=3", "trainer.total_steps=7", "trainer.eval_every=5", "trainer.eval_prompts=6",

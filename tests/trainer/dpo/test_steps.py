@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxppo.trainer.dpo.step import (
+from jaxppo.trainer.dpo.steps import (
     DPOHParams,
     DPOState,
     batch_indices,
@@ -143,7 +143,7 @@ def test_micro_batches_are_strided(model, batch, monkeypatch):
     micro-batch's loss sees are recorded (tagged by ``ref_chosen``)."""
     from jaxppo.config.schema import OptimConfig
     from jaxppo.optim import make_optimizer, split_params
-    from jaxppo.trainer.dpo import step as step_mod
+    from jaxppo.trainer.dpo import steps as step_mod
 
     seen = []
 

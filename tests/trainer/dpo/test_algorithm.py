@@ -27,7 +27,7 @@ TRL_KEYS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, stories_model, hh_pairs):
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo.loop import build_dpo_run, fit_dpo
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run, fit_dpo
 
     out = tmp_path_factory.mktemp("dpo_run")
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, out / "cache", "trainer.save_hf=true"))
@@ -65,7 +65,7 @@ def test_samples_tokens_and_train_time_are_cumulative(trained):
     """``train/samples_consumed`` = step x dpo.batch_size, ``train/tokens_consumed`` = the chosen + rejected answer
     tokens of the pairs drawn so far (recounted from ``batch_indices``), ``perf/train_time_s`` = the running sum of
     ``perf/step_time_s``."""
-    from jaxppo.trainer.dpo.step import batch_indices
+    from jaxppo.trainer.dpo.steps import batch_indices
 
     out, run, summary, _ = trained
     rows = [r for r in _rows(out / "metrics.jsonl") if r["step"] > 0]
@@ -120,7 +120,7 @@ def test_hf_export_loads_in_transformers_with_same_logits(trained):
 def test_reference_logps_are_cached(tmp_path, stories_model, hh_pairs, monkeypatch):
     import jaxppo.data.behaviour as behaviour
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo.loop import build_dpo_run
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run
 
     calls = []
     real = behaviour.compute_behaviour_logprobs
@@ -159,7 +159,7 @@ def test_resume_from_the_step0_checkpoint(tmp_path, stories_model, hh_pairs):
     import shutil
 
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo.loop import build_dpo_run, train_dpo
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run, train_dpo
 
     out = tmp_path / "run"
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, tmp_path / "cache", "trainer.total_steps=2",
@@ -214,7 +214,7 @@ def test_log_every_sets_the_metrics_cadence(tmp_path, stories_model, hh_pairs):
     """``trainer.log_every`` is the harness's cadence for every trainer: a DPO row every 5 steps, plus the steps
     with an evaluation (6, 12) and the last step (DPO used to log every step whatever the setting)."""
     from jaxppo.config import load_config
-    from jaxppo.trainer.dpo.loop import build_dpo_run, train_dpo
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run, train_dpo
 
     out = tmp_path / "run"
     cfg = load_config(None, dpo_overrides(stories_model, hh_pairs, out, tmp_path / "cache", "trainer.log_every=5"))
@@ -241,7 +241,7 @@ def test_rollback_over_a_damaged_checkpoint_moves_it_aside_and_logs_it(tmp_path,
     every trainer is the harness's; DPO's used to skip damaged checkpoints silently)."""
     from jaxppo.config import load_config
     from jaxppo.trainer import harness
-    from jaxppo.trainer.dpo.loop import build_dpo_run, fit_dpo
+    from jaxppo.trainer.dpo.algorithm import build_dpo_run, fit_dpo
 
     out = tmp_path / "run"
     ckpts = out / "checkpoints"

@@ -39,7 +39,7 @@ import numpy as np
 
 from jaxppo.config import ConfigError
 from jaxppo.parallel.host import from_host, host_scalar, to_host
-from jaxppo.trainer.dpo.step import (
+from jaxppo.trainer.dpo.steps import (
     KTO_KEYS,
     PAIR_KEYS,
     DPOHParams,
@@ -211,7 +211,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
 
 
 def batch_rows(run: DPORun, cursor: int) -> np.ndarray:
-    """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.step.batch_indices``)."""
+    """The training pairs at stream positions ``cursor ..`` (``jaxppo.trainer.dpo.steps.batch_indices``)."""
     return batch_indices(run.cfg.data.seed, cursor, run.cfg.dpo.batch_size, run.train["prompt_ids"].shape[0])
 
 
