@@ -13,16 +13,17 @@ run with the same model, dtypes and data reads the file), the optimizer (``actor
 at the end), ``events.jsonl`` (guard actions), ``checkpoints/`` (Orbax, every ``trainer.save_every``; a run
 killed at any moment resumes to the same metrics), ``hf/``, ``plots/`` and ``summary.json``.
 
-Held-out pair accuracy by implicit reward: ``r(x, y) = beta (log π(y|x) − log π_ref(y|x))``; a pair is right
-when ``r(x, y_c) > r(x, y_r)``; ``eval/rewards/accuracies`` is the share of right held-out pairs, with a
-percentile bootstrap 95% interval over pairs (``eval/rewards/accuracies_ci95``, ``bootstrap_ci`` of the 0/1
-outcomes). The final evaluation of the policy against the reference on the held-out prompts with the configured
-reward (``eval/reward_before``, ``eval/reward_after``, ``eval/reward_gain_ci95``, ``eval/kl``) is the PPO
-trainer's; with ``reward.kind=model`` and no reward model at ``reward.model_path`` it is skipped with a logged
-warning. Guards: NaN/inf updates are skipped in-graph, ``guards.max_nan_steps`` in a row or a held-out
-perplexity (of the chosen answers) above ``(1 + guards.ppl_tolerance)`` x baseline roll back to the newest
-verified checkpoint. The loop, guards, checkpoints, rollback and logging cadence (``trainer.log_every``) are the
-run harness's (``jaxppo.trainer.harness``); this module plugs in the DPO step (:class:`DPO`).
+Held-out pair accuracy by implicit reward: ``r(x, y) = beta (log π(y|x) − log π_ref(y|x))``; a pair is right when
+``r(x, y_c) > r(x, y_r)``; ``eval/rewards/accuracies`` is the share of right held-out pairs, with a percentile
+bootstrap 95% interval that resamples held-out prompts, keeping a prompt's pairs together
+(``eval/rewards/accuracies_ci95``, ``jaxppo.rewards.model_training.grouped_bootstrap_accuracy``). The final
+evaluation of the policy against the reference on the held-out prompts with the configured reward
+(``eval/reward_before``, ``eval/reward_after``, ``eval/reward_gain_ci95``, ``eval/kl``) is the PPO trainer's; with
+``reward.kind=model`` and no reward model at ``reward.model_path`` it is skipped with a logged warning. Guards:
+NaN/inf updates are skipped in-graph, ``guards.max_nan_steps`` in a row or a held-out perplexity (of the chosen
+answers) above ``(1 + guards.ppl_tolerance)`` x baseline roll back to the newest verified checkpoint. The loop,
+guards, checkpoints, rollback and logging cadence (``trainer.log_every``) are the run harness's
+(``jaxppo.trainer.harness``); this module plugs in the DPO step (:class:`DPO`).
 """
 
 from __future__ import annotations
@@ -320,9 +321,9 @@ class DPO(Algorithm):
                 "train/tokens_consumed": float(self.tokens_consumed)}
 
     def final_evaluation(self, state: DPOState, out: Path) -> dict[str, Any]:
-        """Final held-out pair accuracy (with a bootstrap interval over pairs), training-pair accuracy and the
-        reward evaluation."""
-        from jaxppo.trainer.evaluation import bootstrap_ci
+        """Final held-out pair accuracy (with a bootstrap interval over held-out prompts), training-pair accuracy
+        and the reward evaluation."""
+        from jaxppo.rewards.model_training import grouped_bootstrap_accuracy
 
         run = self.run
         summary: dict[str, Any] = {}
@@ -330,7 +331,7 @@ class DPO(Algorithm):
         summary.update({f"train/{k}": v for k, v in tr.items()})
         if run.heldout["prompt_ids"].shape[0] > 0:
             ev, right = pair_metrics(run, state.actor, run.heldout)
-            lo, hi = bootstrap_ci(np.zeros_like(right), right, seed=self.cfg.trainer.seed)
+            lo, hi = grouped_bootstrap_accuracy(right, run.heldout["group_id"], seed=self.cfg.trainer.seed)
             summary.update({f"eval/{k}": v for k, v in ev.items()})
             summary["eval/rewards/accuracies_ci95"] = [lo, hi]
         else:
