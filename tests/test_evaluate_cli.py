@@ -230,3 +230,57 @@ def test_evaluating_a_training_runs_export_reproduces_its_final_evaluation(stori
     trained = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
     assert [(s["prompt"], s["response_reference"], s["response_policy"]) for s in samples] == [
         (t["prompt"], t["before"], t["after"]) for t in trained]
+
+
+PAIRS = [(p, c, r) for p in PROMPTS for c, r in [("She smiled and hugged her mom.", "It was bad."),
+                                                 ("They had fun.", "No.")]]
+
+
+@pytest.fixture(scope="module")
+def pairs_config(tmp_path_factory, stories) -> Path:
+    """A preference-pair config on the same model: 8 prompts x 2 pairs, half the prompts held out."""
+    base = tmp_path_factory.mktemp("pairs")
+    data = base / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n" for p, c, r in PAIRS))
+    cfg = base / "pairs.yaml"
+    cfg.write_text(f"model:\n  path: {stories}\ndata:\n  path: {data}\n  schema: preference\n"
+                   f"  max_prompt_length: 24\n  max_response_length: 12\n  eval_fraction: 0.5\n  seed: {SEED}\n"
+                   f"  cache_dir: {base / 'cache'}\n")
+    return cfg
+
+
+def test_pair_accuracy_is_the_implicit_reward_ranking_of_heldout_pairs(stories, data_file, pairs_config, tmp_path):
+    """--pairs: against itself every implicit reward is 0, so no pair is ranked right (ties are wrong, as in DPO's
+    accuracy); for a perturbed copy the accuracy equals a recount from the models' own continuation log-probs on
+    the held-out pairs of the DPO split, and the interval resamples the held-out prompts."""
+    from jaxppo.config import load_config
+    from jaxppo.hf import load_pretrained, load_tokenizer
+    from jaxppo.trainer.dpo.algorithm import load_pairs, split_pairs
+
+    out = tmp_path / "self"
+    assert main(_args(stories, data_file, out, "--pairs", str(pairs_config))) == 0
+    r, _ = _load(out)
+    assert r["eval/pair_accuracy"] == 0.0 and r["eval/pair_accuracy_ci95"] == [0.0, 0.0]
+    assert r["n_heldout_pairs"] == 8 and r["n_heldout_pair_prompts"] == 4
+
+    pol_dir = _save_copy(stories, tmp_path / "perturbed_hf", 0.05)
+    out = tmp_path / "perturbed"
+    assert main(_args(stories, data_file, out, "--policy", str(pol_dir), "--pairs", str(pairs_config))) == 0
+    r, _ = _load(out)
+
+    cfg = load_config(pairs_config)
+    tok = load_tokenizer(stories)
+    arrays, group, _ = load_pairs(cfg, tok)
+    _, held = split_pairs(group, cfg.data)
+    ref, pol = load_pretrained(stories), load_pretrained(pol_dir)
+
+    def summed(model, side):
+        a = {k: np.asarray(v)[held] for k, v in arrays.items()}
+        lp = model.continuation_logprobs(a["prompt_ids"], a["prompt_mask"], a[f"{side}_ids"], a[f"{side}_mask"])
+        return np.asarray(lp * a[f"{side}_mask"]).sum(1)
+
+    margin = (summed(pol, "chosen") - summed(ref, "chosen")) - (summed(pol, "rejected") - summed(ref, "rejected"))
+    assert np.min(np.abs(margin)) > 1e-4       # no near-tie whose side could flip with the batch layout
+    assert r["eval/pair_accuracy"] == pytest.approx(float(np.mean(margin > 0)), abs=1e-12)
+    lo, hi = r["eval/pair_accuracy_ci95"]
+    assert 0.0 <= lo <= r["eval/pair_accuracy"] <= hi <= 1.0

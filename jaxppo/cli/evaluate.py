@@ -20,6 +20,10 @@ Writes ``DIR/eval.json``:
 - ``eval/perplexity`` (``eval/perplexity_reference``): ``exp`` of the mean negative log-prob of the held-out
   dataset responses under the policy (the reference);
 - ``eval/response_length_policy|reference``, ``n_prompts``, ``n_heldout_rows``, the paths and the config;
+- with ``--pairs FILE`` (a preference-pair config, e.g. a DPO config on the same prompts):
+  ``eval/pair_accuracy`` and ``eval/pair_accuracy_ci95``, the share of that config's held-out pairs whose
+  implicit reward ``log π(y|x) − log π_ref(y|x)`` ranks the chosen answer first, with a bootstrap interval over
+  held-out prompts (:func:`jaxppo.trainer.policy_eval.heldout_pair_accuracy`);
 
 and ``DIR/eval_samples.jsonl`` (one line a prompt: ``prompt``, ``response_policy``,
 ``response_reference``, ``reward_policy``, ``reward_reference``), and prints a short table. The evaluation is
@@ -54,6 +58,10 @@ def format_table(r: dict[str, Any]) -> str:
     lines = [f"{a:<{w0}}  {b:>{w1}}  {c:>10}" for a, b, c in rows]
     lines.append(f"reward gain {r['eval/reward_gain']:+.4f}  95% CI [{lo:+.4f}, {hi:+.4f}]  "
                  f"KL(policy||ref) {r['eval/kl']:.5f}  ({r['n_prompts']} held-out prompts)")
+    if "eval/pair_accuracy" in r:
+        plo, phi = r["eval/pair_accuracy_ci95"]
+        lines.append(f"held-out pair accuracy {r['eval/pair_accuracy']:.3f}  95% CI [{plo:.3f}, {phi:.3f}]  "
+                     f"({r['n_heldout_pairs']} pairs, {r['n_heldout_pair_prompts']} prompts)")
     return "\n".join(lines)
 
 
@@ -64,14 +72,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(prog=PROG, add_help=False)
     pre.add_argument("--policy", default=None)
+    pre.add_argument("--pairs", default=None)
     known, rest = pre.parse_known_args(args)
     _, cfg = parse_config_args(PROG, "Evaluate a policy against the reference model.path on the held-out prompts. "
                                "--policy PATH: the policy (a HF folder such as <run>/hf, or a .gguf file; default "
-                               "model.path).", rest)
+                               "model.path). --pairs FILE: a preference-pair config whose held-out pairs give the "
+                               "implicit-reward pair accuracy.", rest)
 
     def work() -> dict[str, Any]:
+        from jaxppo.config import load_config
+
         setup_logging(cfg.trainer.output_dir, "evaluate.log")
-        return evaluate(cfg, known.policy)
+        pairs_cfg = None if known.pairs is None else load_config(known.pairs)
+        return evaluate(cfg, known.policy, pairs_cfg=pairs_cfg)
 
     def report(result: dict[str, Any]) -> None:
         print(format_table(result))

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 
 from jaxppo.config import Config, to_dict
 from jaxppo.data.split import split_data
@@ -56,7 +58,48 @@ def check_same_vocab(policy: Any, reference: Any, policy_path: str, reference_pa
                              f"tokenizer (model.tokenizer_path or model.path)")
 
 
-def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] | None = None) -> dict[str, Any]:
+def heldout_pair_accuracy(pairs_cfg: Config, policy: Any, reference: Any, *, policy_path: str,
+                          reference_path: str, seed: int = 0) -> dict[str, Any]:
+    """Implicit-reward accuracy of ``policy`` against ``reference`` on the held-out preference pairs of
+    ``pairs_cfg`` (a DPO config: its ``data.*`` pairs and by-prompt split, :func:`jaxppo.trainer.dpo.algorithm
+    .split_pairs`).
+
+    ``r(x, y) = Σ_t log π(y_t | x, y_<t) − Σ_t log π_ref(y_t | x, y_<t)`` over the answer's tokens (as tokenized by
+    ``pairs_cfg.data``); a pair is right when ``r(x, y_chosen) > r(x, y_rejected)``. For a DPO policy this is its
+    ``eval/rewards/accuracies`` (β > 0 scales both sides). Returns ``eval/pair_accuracy``, its percentile bootstrap
+    95% interval resampling held-out prompts (``eval/pair_accuracy_ci95``,
+    :func:`jaxppo.rewards.model_training.grouped_bootstrap_accuracy` with ``seed``), ``n_heldout_pairs`` and
+    ``n_heldout_pair_prompts``. The summed log-probs go through the cached behaviour pass (one cache entry per
+    model).
+    """
+    from jaxppo.data.behaviour import default_cache_dir
+    from jaxppo.hf.from_config import load_tokenizer_of
+    from jaxppo.rewards.model_training import grouped_bootstrap_accuracy
+    from jaxppo.trainer.dpo.algorithm import load_pairs, reference_logps, split_pairs
+
+    if pairs_cfg.data.schema != "preference":
+        raise ValueError(f"--pairs: the config's data.schema must be preference (pairs), got {pairs_cfg.data.schema!r}")
+    tokenizer = load_tokenizer_of(pairs_cfg.model)
+    arrays, group, _ = load_pairs(pairs_cfg, tokenizer)
+    _, eval_rows = split_pairs(group, pairs_cfg.data)
+    if len(eval_rows) == 0:
+        raise ValueError(f"--pairs: no held-out pairs in {pairs_cfg.data.path} (data.eval_fraction="
+                         f"{pairs_cfg.data.eval_fraction})")
+    held = {k: np.asarray(v)[eval_rows] for k, v in arrays.items()}
+    cache = (pairs_cfg.data.cache_dir if pairs_cfg.data.cache_dir is not None
+             else default_cache_dir(pairs_cfg.data.path))
+    bs = pairs_cfg.data.behaviour_batch_size
+    pol_c, pol_r = reference_logps(held, model_path=policy_path, model=policy, cache_dir=cache, batch_size=bs)
+    ref_c, ref_r = reference_logps(held, model_path=reference_path, model=reference, cache_dir=cache, batch_size=bs)
+    right = ((pol_c - ref_c) > (pol_r - ref_r)).astype(np.float64)
+    groups = np.asarray(group)[eval_rows]
+    lo, hi = grouped_bootstrap_accuracy(right, groups, seed=seed)
+    return {"eval/pair_accuracy": float(right.mean()), "eval/pair_accuracy_ci95": [lo, hi],
+            "n_heldout_pairs": int(len(right)), "n_heldout_pair_prompts": int(len(np.unique(groups)))}
+
+
+def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] | None = None,
+             pairs_cfg: Config | None = None) -> dict[str, Any]:
     """Run the evaluation described by the module doc; writes ``cfg.trainer.output_dir`` and returns eval.json."""
     import jax
 
@@ -113,6 +156,10 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
         "time_s": {"load": t_load, "generate": t_gen, "total": time.perf_counter() - t0},
         "config": to_dict(cfg),
     }
+    if pairs_cfg is not None:
+        result.update(heldout_pair_accuracy(pairs_cfg, pol_model, reference, policy_path=pol_path,
+                                            reference_path=ref_path, seed=cfg.trainer.seed))
+        result["pairs_data"] = str(pairs_cfg.data.path)
     out.mkdir(parents=True, exist_ok=True)
     write_eval_samples(out / "eval_samples.jsonl", ref_ev, pol_ev, names=("reference", "policy"),
                        response_prefix="response_")
@@ -121,4 +168,4 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     return result
 
 
-__all__ = ["check_same_vocab", "evaluate", "resolve_policy_path"]
+__all__ = ["check_same_vocab", "evaluate", "heldout_pair_accuracy", "resolve_policy_path"]
