@@ -81,17 +81,10 @@ def run(cmd: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
 
 def measure(method: str, out: Path) -> dict:
     """Train ``method`` from its config into ``runs/hh/<method>``, evaluate it, write ``out/<method>.json``."""
-    from benchmarks.machine import describe
+    from benchmarks.machine import describe, git_commit
 
     label, config, command, data = METHODS[method]
     run_dir = f"runs/hh/{method}"
@@ -112,7 +105,7 @@ def measure(method: str, out: Path) -> dict:
            "summary": {k: summary[k] for k in SUMMARY_KEYS if k in summary},
            "eval": {k: ev[k] for k in EVAL_KEYS if k in ev},
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": _commit(), "machine": describe(), "load_before": load_before, "load_after": load_after}
+           "commit": git_commit(), "machine": describe(), "load_before": load_before, "load_after": load_after}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{method}.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
     return rec

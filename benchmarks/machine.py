@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 #: the cpuinfo flags recorded (the ones XLA:CPU's and torch's GEMM kernels dispatch on)
@@ -51,3 +52,13 @@ def describe(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
     if hasattr(os, "getloadavg"):
         info["loadavg"] = list(os.getloadavg())
     return info
+
+
+def git_commit(repo: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of ``repo`` (default: this checkout), or None outside a git checkout."""
+    cwd = Path(repo) if repo is not None else Path(__file__).resolve().parents[1]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None

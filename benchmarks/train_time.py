@@ -60,13 +60,6 @@ def paired_ratio(a: list[float], b: list[float]) -> dict:
             "hi": math.exp(hi) if math.isfinite(hi) else math.nan, "pairs": len(logs)}
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
 
 def run_one(config: str, arm: str, extra: list[str], out_dir: Path) -> dict:
     """One training run of ``arm`` in its own process; its times from the process and its ``summary.json``."""
@@ -92,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/train_time.json")
     ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides for both arms")
     args = ap.parse_args(argv)
-    from benchmarks.machine import describe
+    from benchmarks.machine import describe, git_commit
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="jaxppo_train_time_") as tmp:
@@ -104,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     per = {a: [r for r in runs if r["arm"] == a] for a in ARMS}
     doc = {"what": "training time, prioritized replay + token IS vs uniform replay without IS, ABBA pairs",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": _commit(), "machine": describe(), "config": args.config, "overrides": list(args.overrides),
+           "commit": git_commit(), "machine": describe(), "config": args.config, "overrides": list(args.overrides),
            "arms": ARMS, "runs": runs,
            "train_ratio": paired_ratio([r["train_s"] for r in per["per_is"]], [r["train_s"] for r in per["uniform"]]),
            "wall_ratio": paired_ratio([r["wall_s"] for r in per["per_is"]], [r["wall_s"] for r in per["uniform"]])}
