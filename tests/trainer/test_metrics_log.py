@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -265,7 +266,14 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
             lg.log(s, {"actor/pg_loss": 0.5 * s, "bad": float("nan") if s == 2 else 1.0})
         lg.event(3, "lower_lr", "KL too high")
     [run_file] = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    records = _wandb_records(run_file)
+    # wandb's service process may still be writing the offline file when finish() returns: read until the three
+    # history rows are in (or 60 s have passed)
+    deadline = time.monotonic() + 60.0
+    while True:
+        records = _wandb_records(run_file)
+        if sum(r.WhichOneof("record_type") == "history" for r in records) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     hist = {}
     for r in records:
         if r.WhichOneof("record_type") == "history":
