@@ -56,7 +56,7 @@ DEVICE_CURRENT = ["run1_qwen1p5b_grpo_bf16_micro8", "run1_qwen1p5b_grpo_f32_micr
                   "run2_qwen1p5b_grpo_f32", "run3_qwen7b_lora_80gb", "run6_qwen7b_qlora_24gb_behaviour8",
                   "run7_qwen1p5b_grpo_bf16params", "run8_qwen7b_qlora_24gb_behaviour32_compact"]
 #: the GAE variants the ops table shows (the record has the unroll and chunk sizes too)
-OPS_VARIANTS = ("loop_numpy", "loop_torch", "scan", "gae", "blocked32", "kernel_time_major", "stream_floor")
+OPS_VARIANTS = ("loop_torch", "scan", "gae", "blocked32", "stream_floor")
 
 
 def load(rel: str, base: Path = RESULTS) -> dict:
