@@ -5,7 +5,7 @@
 #
 # Where: $JAXPPO_PEERS_VENVS/<peer> when that variable is set, else benchmarks/peers/.venv-<peer>
 # (git-ignored). benchmarks/peers.py looks in the same places (or takes --tunix-python / --trl-python).
-# Every version the comparison depends on is pinned here and recorded by the drivers in results/peers.json.
+# Every version the comparison depends on is pinned here and recorded by the drivers in every results/peers*.json record.
 #   tunix: google-tunix 0.1.7 on jax/jaxlib 0.10.2 and flax 0.12.x (the JAX backend jaxppo uses; tunix
 #          needs safetensors<0.8, the file format is the same)
 #   trl:   trl 1.16.0 (+ peft 0.21.2 for the LoRA row) on torch 2.13.0 (CPU build: a bare `torch` would pull GBs of CUDA wheels)

@@ -300,7 +300,7 @@ def format_table(p: dict) -> str:
 
 
 # ---------------------------------------------------------------- the shipped examples' plans and the README table
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]   # jaxppo/cli/plan.py -> the repository
 #: the plans' model.path: Qwen2.5-7B-Instruct's config.json (its shapes; the plan reads nothing else)
 EXAMPLE_MODEL = "configs/examples/qwen2_5_7b_shapes/config.json"
 README = "launch/README.md"

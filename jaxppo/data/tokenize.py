@@ -180,6 +180,60 @@ def group_ids(rows: Sequence[ScoredTrajectory]) -> np.ndarray:
     return out
 
 
+def _encode_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, logged_rows: list[int],
+                   chat_template: bool) -> tuple[dict[int, list[int]], dict[int, list[int]], dict[int, Exception]]:
+    """Token ids of the rows that need encoding: ``(prompt tokens, response tokens, failures)`` by row position.
+    Rows with both id lists are not encoded; logged rows get the prompt encoding and the answer as plain text."""
+    need = [i for i, r in enumerate(rows) if r.logged is None and (r.prompt_ids is None or r.response_ids is None)]
+    p_enc, (r_enc,), failed = encode_rows(tokenizer, [rows[i].prompt for i in need], [[rows[i].response for i in need]],
+                                          chat_template=chat_template)
+    p_tok, r_tok = dict(zip(need, p_enc)), dict(zip(need, r_enc))
+    failures = {need[j]: e for j, e in failed.items()}
+    for i in logged_rows:
+        try:
+            p_tok[i] = encode_prompts(tokenizer, [rows[i].prompt], chat_template=chat_template)[0]
+            r_tok[i] = _encode_plain(tokenizer, [rows[i].response])[0]
+        except RowSkip as e:
+            failures[i] = e
+    return p_tok, r_tok, failures
+
+
+def _scored_tokens(r: ScoredTrajectory, p_enc: Any, r_enc: Any, vocab: int | None) -> tuple[list[int], list[int]]:
+    """The row's prompt and response tokens (its own ids, else the encoded ones), checked against the vocabulary
+    and for emptiness (:class:`_Skip` otherwise)."""
+    p = list(r.prompt_ids) if r.prompt_ids is not None else p_enc
+    y = list(r.response_ids) if r.response_ids is not None else r_enc
+    _check_vocab(p, "prompt_ids", vocab)
+    _check_vocab(y, "response_ids", vocab)
+    if not p:
+        raise _Skip("empty_tokens", "the prompt tokenizes to no tokens")
+    if not y:
+        raise _Skip("empty_tokens", "the response tokenizes to no tokens")
+    return p, y
+
+
+def _scored_logprobs(tokenizer: Any, r: ScoredTrajectory, y: list[int], logged_mismatch: str,
+                     counts: dict[str, int]) -> Any:
+    """The row's behaviour log-probs (``None`` without): its own, or a logged row's aligned to ``y``
+    (``counts["aligned"]`` / ``counts["recomputed"]`` count the outcomes); one per response token (:class:`_Skip`
+    ``logprob_length_mismatch`` otherwise)."""
+    from jaxppo.data.logged import align
+
+    lp = r.behaviour_logprobs
+    if r.logged is not None:
+        lp = align(tokenizer, y, r.logged)
+        if lp is None:
+            if logged_mismatch == "skip":
+                raise _Skip("mismatched_tokens", f"the {len(r.logged)} logged tokens are not our "
+                                                 f"{len(y)} tokens of the answer (data.logged_mismatch=skip)")
+            counts["recomputed"] += 1
+        else:
+            counts["aligned"] += 1
+    if lp is not None and len(lp) != len(y):
+        raise _Skip("logprob_length_mismatch", f"{len(lp)} behaviour_logprobs for {len(y)} response tokens")
+    return lp
+
+
 def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_prompt_length: int,
                     max_response_length: int, truncation: Truncation = "left", chat_template: bool = False,
                     report: DataReport | None = None, logged_mismatch: str = "recompute") -> dict[str, np.ndarray]:
@@ -198,50 +252,19 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
     without them (``logged_mismatch="recompute"``, counted in ``notes["mismatched_tokens_recomputed"]``) or skipped
     as ``mismatched_tokens`` (``"skip"``).
     """
-    from jaxppo.data.logged import align
-
     report = report if report is not None else DataReport()
     vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
     logged_rows = [i for i, r in enumerate(rows) if r.logged is not None]
-    need = [i for i, r in enumerate(rows) if r.logged is None and (r.prompt_ids is None or r.response_ids is None)]
-    p_enc, (r_enc,), failed = encode_rows(tokenizer, [rows[i].prompt for i in need], [[rows[i].response for i in need]],
-                                          chat_template=chat_template)
-    p_tok, r_tok = dict(zip(need, p_enc)), dict(zip(need, r_enc))
-    failures = {need[j]: e for j, e in failed.items()}
-    for i in logged_rows:
-        try:
-            p_tok[i] = encode_prompts(tokenizer, [rows[i].prompt], chat_template=chat_template)[0]
-            r_tok[i] = _encode_plain(tokenizer, [rows[i].response])[0]
-        except RowSkip as e:
-            failures[i] = e
-    n_aligned = n_recomputed = 0
+    p_tok, r_tok, failures = _encode_scored(rows, tokenizer, logged_rows, chat_template)
+    counts = {"aligned": 0, "recomputed": 0}
     kept: list[ScoredTrajectory] = []
     prompts, responses, logprobs = [], [], []
     for i, r in enumerate(rows):
         try:
             if i in failures:
                 raise failures[i]
-            p = list(r.prompt_ids) if r.prompt_ids is not None else p_tok[i]
-            y = list(r.response_ids) if r.response_ids is not None else r_tok[i]
-            _check_vocab(p, "prompt_ids", vocab)
-            _check_vocab(y, "response_ids", vocab)
-            if not p:
-                raise _Skip("empty_tokens", "the prompt tokenizes to no tokens")
-            if not y:
-                raise _Skip("empty_tokens", "the response tokenizes to no tokens")
-            lp = r.behaviour_logprobs
-            if r.logged is not None:
-                lp = align(tokenizer, y, r.logged)
-                if lp is None:
-                    if logged_mismatch == "skip":
-                        raise _Skip("mismatched_tokens", f"the {len(r.logged)} logged tokens are not our "
-                                                         f"{len(y)} tokens of the answer (data.logged_mismatch=skip)")
-                    n_recomputed += 1
-                else:
-                    n_aligned += 1
-            if lp is not None and len(lp) != len(y):
-                raise _Skip("logprob_length_mismatch",
-                            f"{len(lp)} behaviour_logprobs for {len(y)} response tokens")
+            p, y = _scored_tokens(r, p_tok.get(i), r_tok.get(i), vocab)
+            lp = _scored_logprobs(tokenizer, r, y, logged_mismatch, counts)
             p2, cut_p = fit_prompt(p, max_prompt_length, truncation)
             y2, cut_y = fit_response(y, max_response_length, truncation)
         except _Skip as s:
@@ -259,8 +282,8 @@ def tokenize_scored(rows: Sequence[ScoredTrajectory], tokenizer: Any, *, max_pro
         responses.append(y2)
         logprobs.append(None if lp is None else np.asarray(lp, np.float32)[: len(y2)])
     if logged_rows:
-        report.notes["logged_logprobs_aligned"] = n_aligned
-        report.notes["mismatched_tokens_recomputed"] = n_recomputed
+        report.notes["logged_logprobs_aligned"] = counts["aligned"]
+        report.notes["mismatched_tokens_recomputed"] = counts["recomputed"]
     pad = pad_id_of(tokenizer)
     prompt_ids, prompt_mask = left_pad(prompts, max_prompt_length, pad)
     response_ids, response_mask = right_pad(responses, max_response_length, pad, np.int32)

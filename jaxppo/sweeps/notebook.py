@@ -8,7 +8,9 @@ device, its output under ``OUTPUT_ROOT``), then :func:`load` (``results.csv`` â†
 Profiles: ``"full"`` = the sweep file's own (default) variants, seeds and budget, no ``--profile`` argument, in
 ``<OUTPUT_ROOT>/<stem>`` (with ``OUTPUT_ROOT = results/sweeps``: the sweep file's ``output_dir``, committed, so a
 notebook reads the runs of ``python -m jaxppo.sweep --config FILE`` and, once they are all finished, runs
-nothing); ``"ci"`` = ``--profile ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``. The sweep files' ``--profile
+nothing); ``"ci"`` = ``--profile ci`` (toy size) in ``<OUTPUT_ROOT>/<stem>_ci``, where an ``OUTPUT_ROOT`` inside
+the committed ``results/`` folder means the same path under the git-ignored ``runs/`` (``runs/sweeps/<stem>_ci``:
+toy runs are no records; :func:`jaxppo.sweeps.runner.scratch_path`), as does the compilation cache. The sweep files' ``--profile
 extended`` (more variants, same ``<stem>`` folder) is never run by a notebook; :func:`load_extended` reads those
 of its variants that ``python -m jaxppo.sweep --config FILE --profile extended`` has finished there.
 
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from jaxppo.sweeps.results import format_ci as _ci
 from jaxppo.sweeps.results import mismatch, verdict
+from jaxppo.sweeps.runner import scratch_path
 
 __all__ = ["load", "load_extended", "mismatch", "plots", "run_sweep", "sweep_output_dir", "table", "verdict"]
 
@@ -64,10 +67,13 @@ def sweep_profile(profile: str) -> str | None:
 
 
 def sweep_output_dir(sweep_file: str | Path, profile: str, output_root: str | Path) -> Path:
-    """``<output_root>/<stem>`` for the full profile, ``<output_root>/<stem>_<profile>`` otherwise."""
+    """``<output_root>/<stem>`` for the full profile, ``<output_root>/<stem>_<profile>`` otherwise, moved out of a
+    ``results/`` folder into ``runs/`` (:func:`jaxppo.sweeps.runner.scratch_path`): only full sweeps are records."""
     _check_profile(profile)
     stem = Path(sweep_file).stem
-    return Path(output_root) / (stem if profile == "full" else f"{stem}_{profile}")
+    if profile == "full":
+        return Path(output_root) / stem
+    return scratch_path(output_root) / f"{stem}_{profile}"
 
 
 def _finished(out: Path) -> bool:
@@ -88,7 +94,8 @@ def run_sweep(sweep_file: str | Path, profile: str, output_root: str | Path, *, 
 
     With ``profile == "full"`` and every run already finished, nothing is run: the tables are only read. The
     subprocess gets ``XLA_FLAGS=--xla_force_host_platform_device_count=1`` (one CPU device per run) and a
-    compilation cache shared by every sweep under ``output_root`` (``JAX_COMPILATION_CACHE_DIR``, unless set).
+    compilation cache shared by every sweep under ``output_root`` (``JAX_COMPILATION_CACHE_DIR``, unless set; under
+    ``runs/`` when ``output_root`` is in ``results/``).
     Raises ``RuntimeError`` with the tail of the output when no ``results.csv`` was written.
     """
     prof = sweep_profile(profile)
@@ -98,7 +105,7 @@ def run_sweep(sweep_file: str | Path, profile: str, output_root: str | Path, *, 
         return out
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str((Path(output_root) / "xla_cache").resolve()))
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(scratch_path(Path(output_root) / "xla_cache")))
     flags = ["--profile", prof] if prof is not None else []
     argv = [sys.executable, "-m", "jaxppo.sweep", "--config", str(sweep_file), *flags, "--output-dir", str(out),
             "--jobs", str(jobs)]

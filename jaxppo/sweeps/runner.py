@@ -11,7 +11,8 @@
   exits non-zero does not stop the sweep: it is recorded in ``<sweep>/failures.json`` (return code, the
   tail of its stderr, the command) and retried on the next invocation; a success removes its entry.
 - ``JAX_COMPILATION_CACHE_DIR`` is set to ``<sweep>/xla_cache`` unless the environment already sets one,
-  so runs of the same shapes compile once.
+  so runs of the same shapes compile once; for a sweep under the committed ``results/`` folder that cache is the
+  same path under the git-ignored ``runs/`` instead (:func:`scratch_path`: ``results/`` holds records only).
 - One sweep per run at a time: a sweep claims a run (an exclusive lock, ``<run>/.sweep-claim.lock``,
   :class:`jaxppo.trainer.run_folder.RunLock`) before it starts it and holds the claim until the run's process ends. A run
   claimed by another live sweep (the same sweep file started twice, or two array tasks) is put aside; once this
@@ -57,18 +58,40 @@ def seed_major(runs: Sequence[RunSpec], seeds: Sequence[int]) -> list[RunSpec]:
     return sorted(runs, key=lambda r: rank.get(r.seed, len(rank)))   # stable: variants keep their order
 
 
+def scratch_path(path: str | Path, roots: tuple[Path, ...] | None = None) -> Path:
+    """Where scratch output meant for ``path`` goes: a path inside a ``results/`` folder of the repository (or of the
+    working directory) becomes the same path under ``runs/`` beside it (git-ignored: ``results/`` holds committed
+    records only); any other path is returned resolved and unchanged. ``roots`` (default: the repository of this
+    package and the working directory) are the folders whose ``results/`` is meant."""
+    p = Path(path).resolve()
+    for root in roots if roots is not None else (Path(__file__).resolve().parents[2], Path.cwd()):
+        try:
+            rel = p.relative_to(root.resolve() / "results")
+        except ValueError:
+            continue
+        return root.resolve() / "runs" / rel
+    return p
+
+
+def cache_dir(spec: SweepSpec) -> Path:
+    """The sweep's shared XLA compilation cache: ``<sweep>/xla_cache``, moved out of ``results/``
+    (:func:`scratch_path`)."""
+    return scratch_path(Path(spec.output_dir) / "xla_cache")
+
+
 def run_env(spec: SweepSpec, base_env: dict | None = None) -> dict:
-    """The environment of a run: ``base_env`` (default ``os.environ``) with a shared XLA compilation cache."""
+    """The environment of a run: ``base_env`` (default ``os.environ``) with a shared XLA compilation cache
+    (:func:`cache_dir`)."""
     env = dict(os.environ if base_env is None else base_env)
     if not env.get("JAX_COMPILATION_CACHE_DIR"):
-        env["JAX_COMPILATION_CACHE_DIR"] = str((Path(spec.output_dir) / "xla_cache").resolve())
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir(spec))
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     return env
 
 
 def command_line(spec: SweepSpec, run: RunSpec) -> str:
     """One shell line for ``run`` (for a cluster job array): the cache variable, then the command."""
-    cache = str((Path(spec.output_dir) / "xla_cache").resolve())
+    cache = str(cache_dir(spec))
     return f"JAX_COMPILATION_CACHE_DIR={shlex.quote(cache)} " + shlex.join(run.argv("python"))
 
 

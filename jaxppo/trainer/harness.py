@@ -37,6 +37,7 @@ import abc
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -232,89 +233,161 @@ def apply_action(algo: Algorithm, ckpt: Checkpointer, state: RunState, act: Any,
     return state
 
 
-def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callable[[Any], Any],
-        run: Any = None) -> tuple[dict[str, Any], Any]:
-    """Run the job described by ``cfg`` with the trainer ``algorithm`` (module doc): ``(summary, final state)``.
-    ``run`` (default ``build(cfg)``) is only read: its ``state`` is the initial state."""
-    tc = cfg.trainer
-    rs = start_run(cfg, build, run)
-    # from here on only `state` is threaded, `run` is read-only
-    state, ckpt, guards, start, out = rs.state, rs.ckpt, rs.guards, rs.start, rs.out
+@dataclass
+class Loop:
+    """What the step loop threads besides the state: the run's pieces and the clocks. ``train_time`` is the
+    cumulative update-step time (evaluation, checkpoints and logging excluded), carried across resumes;
+    ``compile_s`` the first step's time."""
+
+    algo: Algorithm
+    tc: Any   # cfg.trainer
+    ckpt: Checkpointer
+    guards: Any
+    mlog: Any
+    watch: PreemptionWatch
+    have_heldout: bool
+    train_time: float
+    compile_s: float | None = None
+
+
+@dataclass
+class StepOutcome:
+    """One update step's result: the metrics (as floats), the guard actions and whether the step checked the
+    held-out perplexity (``ppl_checked``) or ran the trainer's evaluation (``evaluated``)."""
+
+    metrics: dict[str, float]
+    actions: list[Any]
+    ppl_checked: bool
+    evaluated: bool
+
+
+def open_algorithm(rs: RunStart, algorithm: Callable[[Any, RunStart], Algorithm]) -> tuple[Algorithm, bool, dict]:
+    """The trainer on the started run: ``(algo, have_heldout, data summary)``; the perplexity baseline is taken
+    here when the guards have none yet. The checkpointer is closed when this fails."""
     try:
         data_summary = show_report(getattr(rs.run, "report", None))
         algo = algorithm(rs.run, rs)
         have_heldout = algo.heldout_sequences()["prompt_ids"].shape[0] > 0
-        if guards.ppl_baseline is None and have_heldout:
-            guards.check_perplexity(0, heldout_ppl(algo, state.actor))
+        if rs.guards.ppl_baseline is None and have_heldout:
+            rs.guards.check_perplexity(0, heldout_ppl(algo, rs.state.actor))
     except BaseException:
-        ckpt.close()
+        rs.ckpt.close()
         raise
-    mlog = metrics_logger(cfg, out, start, ckpt)   # closes ckpt when it cannot be opened
+    return algo, have_heldout, data_summary
+
+
+def begin_from_scratch(loop: Loop, state: RunState) -> None:
+    """Step 0: the first "last good" checkpoint for rollbacks, verified by the perplexity baseline (already there
+    when a run killed before its first step resumes from it), and the trainer's step-0 metrics."""
+    algo, tc = loop.algo, loop.tc
+    if 0 not in loop.ckpt.all_steps():
+        loop.ckpt.save(0, state, _meta(algo, loop.guards, loop.train_time), verified=loop.have_heldout)
+    if tc.eval_every and algo.can_evaluate:
+        first = algo.initial_metrics()
+        if first:
+            loop.mlog.log(0, first)
+
+
+def train_step(loop: Loop, state: RunState, s: int) -> tuple[RunState, StepOutcome]:
+    """The step body of the 0-based step ``s``: the update, its timing metrics, the NaN and perplexity guards, the
+    trainer's evaluation and extras, the KL / length guards (module doc)."""
+    algo, guards, tc = loop.algo, loop.guards, loop.tc
+    state, batch = algo.before_step(state, s)
+    t0 = time.perf_counter()
+    state, metrics = algo.step(state, batch)
+    metrics = {k: float(v) for k, v in to_host(metrics).items()}
+    nan_streak, nan_total = (int(x) for x in to_host((state.nan_streak, state.nan_total)))
+    dt = time.perf_counter() - t0
+    loop.compile_s = dt if loop.compile_s is None else loop.compile_s
+    step_no = s + 1
+    loop.train_time += dt
+    metrics["perf/step_time_s"] = dt
+    metrics["perf/train_time_s"] = loop.train_time
+    metrics["perf/throughput"] = algo.tokens_per_step / max(dt, 1e-9)
+    actions = guards.check_nan(step_no, nan_streak, nan_total)
+    ppl_checked = loop.have_heldout and guards.should_check_perplexity(step_no)
+    if ppl_checked:
+        metrics["eval/perplexity"] = heldout_ppl(algo, state.actor)
+        actions += guards.check_perplexity(step_no, metrics["eval/perplexity"])
+    evaluated = bool(tc.eval_every) and step_no % tc.eval_every == 0 and algo.can_evaluate
+    if evaluated:
+        metrics.update(algo.evaluate(state.actor))
+    algo.step_extras(state, step_no, metrics)
+    actions += guards.check(step_no, metrics)   # KL and the policy's generation length
+    return state, StepOutcome(metrics, actions, ppl_checked, evaluated)
+
+
+def should_log(tc: Any, step_no: int, out: StepOutcome) -> bool:
+    """A ``metrics.jsonl`` row: every ``log_every`` steps, the last step, and any step with an evaluation, a
+    perplexity check or a guard action."""
+    return (step_no % tc.log_every == 0 or step_no == tc.total_steps or out.evaluated or out.ppl_checked
+            or bool(out.actions))
+
+
+def should_save(tc: Any, step_no: int, verified: bool, preempted: bool) -> bool:
+    """A checkpoint: every ``save_every`` steps, the last step, a verified step and a preempted one."""
+    return step_no % tc.save_every == 0 or step_no == tc.total_steps or verified or preempted
+
+
+def after_step(loop: Loop, state: RunState, step_no: int, out: StepOutcome) -> RunState:
+    """The log / save decision after step ``step_no``: the metrics row, the guard actions on the state, the
+    checkpoint (verified: the perplexity guard checked this step's policy and nothing was rolled back) and the stop
+    on preemption (:class:`Preempted` raised after the checkpoint is written)."""
+    algo, ckpt, mlog, tc = loop.algo, loop.ckpt, loop.mlog, loop.tc
+    if should_log(tc, step_no, out):
+        mlog.log(step_no, out.metrics)
+    for act in out.actions:
+        mlog.event(step_no, act.kind, act.message, **act.data)
+        state = apply_action(algo, ckpt, state, act, step_no, mlog)
+    verified = out.ppl_checked and not any(a.kind == "rollback" for a in out.actions)
+    preempted = loop.watch.requested()   # the same answer on every process
+    if should_save(tc, step_no, verified, preempted):
+        if not ckpt.save(step_no, state, _meta(algo, loop.guards, loop.train_time), verified=verified):
+            mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
+    if preempted:
+        ckpt.wait()
+        mlog.event(step_no, "preempted", f"{loop.watch.signame}: stopped after step {step_no}",
+                   checkpoint_step=ckpt.latest_step())
+        raise Preempted(step_no, ckpt.latest_step(), ckpt.directory, loop.watch.signame)
+    return state
+
+
+def log_damaged(mlog: Any, rs: RunStart) -> None:
+    """A ``checkpoint_damaged`` event for each checkpoint the resume moved aside."""
     for bad_step, moved, why in rs.damaged:
-        mlog.event(start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}, resuming from "
-                   f"{'step ' + str(start) if start else 'scratch'}", checkpoint_step=bad_step, moved_to=str(moved))
+        mlog.event(rs.start, "checkpoint_damaged", f"{why}; moved aside to {moved.name}, resuming from "
+                   f"{'step ' + str(rs.start) if rs.start else 'scratch'}", checkpoint_step=bad_step,
+                   moved_to=str(moved))
+
+
+def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callable[[Any], Any],
+        run: Any = None) -> tuple[dict[str, Any], Any]:
+    """Run the job described by ``cfg`` with the trainer ``algorithm`` (module doc): ``(summary, final state)``.
+    ``run`` (default ``build(cfg)``) is only read: its ``state`` is the initial state."""
+    rs = start_run(cfg, build, run)
+    # from here on only `state` is threaded, `run` is read-only
+    state, start = rs.state, rs.start
+    algo, have_heldout, data_summary = open_algorithm(rs, algorithm)
+    mlog = metrics_logger(cfg, rs.out, start, rs.ckpt)   # closes ckpt when it cannot be opened
+    log_damaged(mlog, rs)
     t_train0 = time.perf_counter()
-    compile_s = None
-    # cumulative update-step time (evaluation, checkpoints and logging excluded), carried across resumes
-    train_time = float(rs.meta.get("train_time_s", 0.0))
     watch = PreemptionWatch().__enter__()   # SIGTERM/SIGINT: stop at the next step boundary with a checkpoint
+    loop = Loop(algo, cfg.trainer, rs.ckpt, rs.guards, mlog, watch, have_heldout,
+                float(rs.meta.get("train_time_s", 0.0)))
     try:
         if start == 0:
-            # the first "last good" checkpoint for rollbacks: verified by the perplexity baseline (already there
-            # when a run killed before its first step resumes from it)
-            if 0 not in ckpt.all_steps():
-                ckpt.save(0, state, _meta(algo, guards, train_time), verified=have_heldout)
-            if tc.eval_every and algo.can_evaluate:
-                first = algo.initial_metrics()
-                if first:
-                    mlog.log(0, first)
-        for s in range(start, tc.total_steps):
-            state, batch = algo.before_step(state, s)
-            t0 = time.perf_counter()
-            state, metrics = algo.step(state, batch)
-            metrics = {k: float(v) for k, v in to_host(metrics).items()}
-            nan_streak, nan_total = (int(x) for x in to_host((state.nan_streak, state.nan_total)))
-            dt = time.perf_counter() - t0
-            compile_s = dt if compile_s is None else compile_s
-            step_no = s + 1
-            train_time += dt
-            metrics["perf/step_time_s"] = dt
-            metrics["perf/train_time_s"] = train_time
-            metrics["perf/throughput"] = algo.tokens_per_step / max(dt, 1e-9)
-            actions = guards.check_nan(step_no, nan_streak, nan_total)
-            ppl_checked = have_heldout and guards.should_check_perplexity(step_no)
-            if ppl_checked:
-                metrics["eval/perplexity"] = heldout_ppl(algo, state.actor)
-                actions += guards.check_perplexity(step_no, metrics["eval/perplexity"])
-            evaluated = bool(tc.eval_every) and step_no % tc.eval_every == 0 and algo.can_evaluate
-            if evaluated:
-                metrics.update(algo.evaluate(state.actor))
-            algo.step_extras(state, step_no, metrics)
-            actions += guards.check(step_no, metrics)   # KL and the policy's generation length
-            if step_no % tc.log_every == 0 or step_no == tc.total_steps or evaluated or ppl_checked or actions:
-                mlog.log(step_no, metrics)
-            for act in actions:
-                mlog.event(step_no, act.kind, act.message, **act.data)
-                state = apply_action(algo, ckpt, state, act, step_no, mlog)
-            # verified: the perplexity guard checked this step's policy and nothing was rolled back
-            verified = ppl_checked and not any(a.kind == "rollback" for a in actions)
-            preempted = watch.requested()   # the same answer on every process
-            if step_no % tc.save_every == 0 or step_no == tc.total_steps or verified or preempted:
-                if not ckpt.save(step_no, state, _meta(algo, guards, train_time), verified=verified):
-                    mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
-            if preempted:
-                ckpt.wait()
-                mlog.event(step_no, "preempted", f"{watch.signame}: stopped after step {step_no}",
-                           checkpoint_step=ckpt.latest_step())
-                raise Preempted(step_no, ckpt.latest_step(), ckpt.directory, watch.signame)
-        ckpt.wait()
+            begin_from_scratch(loop, state)
+        for s in range(start, cfg.trainer.total_steps):
+            state, out = train_step(loop, state, s)
+            state = after_step(loop, state, s + 1, out)
+        rs.ckpt.wait()
     finally:
         watch.__exit__(None, None, None)
         mlog.close()
-        ckpt.close()
-    timing = dict(setup_s=rs.t_setup, train_s=time.perf_counter() - t_train0, compile_s=compile_s or 0.0,
+        rs.ckpt.close()
+    timing = dict(setup_s=rs.t_setup, train_s=time.perf_counter() - t_train0, compile_s=loop.compile_s or 0.0,
                   start_step=start, t_start=rs.t_start, data=data_summary)
-    return finish(algo, state, out, timing), state
+    return finish(algo, state, rs.out, timing), state
 
 
 def finish(algo: Algorithm, state: Any, out: Path, timing: dict[str, Any]) -> dict[str, Any]:
@@ -342,5 +415,6 @@ def finish(algo: Algorithm, state: Any, out: Path, timing: dict[str, Any]) -> di
     return summary
 
 
-__all__ = ["Algorithm", "apply_action", "check_rows", "finish", "fit", "heldout_ppl", "report_counts", "restore_fields",
-           "rollback", "show_report"]
+__all__ = ["Algorithm", "Loop", "StepOutcome", "after_step", "apply_action", "begin_from_scratch", "check_rows",
+           "finish", "fit", "heldout_ppl", "log_damaged", "open_algorithm", "report_counts", "restore_fields",
+           "rollback", "should_log", "should_save", "show_report", "train_step"]

@@ -1,5 +1,6 @@
-"""The GPU figures of benchmarks/README.md ("On a GPU") are the committed results/device/*.json, through the same
-table function, and the hand-checkable formulas of benchmarks/device_step.py (model FLOPs) are right."""
+"""The GPU records (results/device/*.json, earlier attempts in results/archive/device/) say what benchmarks/README.md
+and launch/README.md say of them (their tables are generated from them: tests/test_benchmark_tables.py), and the
+hand-checkable formulas of benchmarks/device_step.py (model FLOPs) are right."""
 
 import json
 from pathlib import Path
@@ -7,88 +8,60 @@ from pathlib import Path
 import pytest
 
 from benchmarks.device_step import SHAPES, adapter_flops, forward_flops, step_model_flops, table
+from benchmarks.tables import DEVICE_CURRENT
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = sorted((ROOT / "results" / "device").glob("run*.json"))
 
 
 def _rec(name):
-    return json.loads((ROOT / "results" / "device" / f"{name}.json").read_text())
+    for folder in (ROOT / "results" / "device", ROOT / "results" / "archive" / "device"):
+        if (folder / f"{name}.json").is_file():
+            return json.loads((folder / f"{name}.json").read_text())
+    raise FileNotFoundError(name)
 
 
-def _gpu_section() -> str:
-    text = (ROOT / "benchmarks" / "README.md").read_text()
-    return text[text.index("## On a GPU"):text.index("## plan (")]
+def test_current_records_are_the_folder():
+    assert sorted(DEVICE_CURRENT) == sorted(f.stem for f in RUNS)
+    assert table([(f.stem, json.loads(f.read_text())) for f in RUNS]).count("\n") == len(RUNS) + 1
 
 
-def test_readme_table_is_the_records():
-    assert len(RUNS) >= 14
-    assert table([(f.stem, json.loads(f.read_text())) for f in RUNS]) in _gpu_section()
-
-
-def test_readme_prose_numbers_are_the_records():
-    sec = _gpu_section()
+def test_what_the_docs_read_from_the_records():
     bf16, f32 = _rec("run2_qwen1p5b_grpo_bf16"), _rec("run2_qwen1p5b_grpo_f32")
-    assert f"{f32['s_per_step'] / bf16['s_per_step']:.2f}x" == "1.64x" and "1.64x" in sec
+    assert f32["s_per_step"] / bf16["s_per_step"] > 1.5   # bf16 compute pays on the GPU
+    # the plan matches the measured peak of the full-weight runs
+    for r in (bf16, f32, _rec("run1_qwen1p5b_grpo_bf16_micro8")):
+        peak = r["memory_after_steps"]["peak_bytes_in_use"]
+        assert abs(r["plan_total_bytes"] - peak) <= 1e-3 * peak
     lora = _rec("run3_qwen7b_lora_80gb")
-    assert f"{lora['s_per_step']:.2f} s per step" in sec
-    assert f"{lora['achieved_tflops']:.1f} TFLOP/s" in sec and f"MFU {100 * lora['mfu_datasheet']:.1f}%" in sec
-    assert f"{100 * lora['mfu_vs_matmul']:.0f}% of the {lora['matmul_tflops']:.0f} TFLOP/s" in sec
-    gib = lambda b: f"{b / 2 ** 30:.2f} GiB"  # noqa: E731
-    assert f"plan on the GPU, {gib(lora['plan_total_bytes'])}" in sec.replace("\n  ", " ")
-    assert f"peak of {gib(lora['memory_after_steps']['peak_bytes_in_use'])}" in sec.replace("\n  ", " ")
-    assert lora["plan_total_bytes"] >= lora["memory_after_steps"]["peak_bytes_in_use"]
-    flat = " ".join(sec.split())
-    q = _rec("run2_qwen7b_qlora_24gb")
-    assert "RESOURCE_EXHAUSTED" in q["error"] and "7.08GiB" in q["error"] and "continuation_logprobs" in q["error"]
-    # run 4: out of memory on the planned behaviour block although most of the cap was free (fragmentation)
-    q4 = _rec("run4_qwen7b_qlora_24gb")
-    block = q4["plan_temp_by_phase"]["behaviour"]
-    assert f"{block / 2 ** 30:.2f}GiB" in q4["error"] and "continuation_logprobs" in q4["error"]
-    used, limit = q4["memory_at_error"]["bytes_in_use"], q4["memory_at_error"]["bytes_limit"]
-    assert limit - used > block and q4["plan_total_bytes"] < q4["memory_cap"]["cap_bytes"]
-    assert f"with {used / 1e9:.2f} GB in use of {limit / 1e9:.2f} GB" in flat
-    assert f"holds the planned {block / 2 ** 30:.2f} GiB" in flat
-    hlo = (ROOT / "results" / "device" / "run4_qwen7b_qlora_24gb_hlo.txt").read_text()
-    assert f"size {block}, page 0, preallocated-temp" in hlo   # the program's one big block is the planned one
-    # run 5: the same example with behaviour_batch_size 8 ran; its peak was the load's (before any program ran)
-    q5 = _rec("run5_qwen7b_qlora_24gb_behaviour8")
-    assert q5["phase"] == "done" and "data.behaviour_batch_size=8" in q5["overrides"]
-    peak5 = q5["memory_after_steps"]["peak_bytes_in_use"]
-    assert peak5 == q5["memory_after_adapters"]["peak_bytes_in_use"] and f"peaked at {peak5 / 2 ** 30:.2f} GiB" in flat
-    # run 6: projection-by-projection quantization; the plan's load estimate bounds the measured (load) peak
-    q6, q6b = _rec("run6_qwen7b_qlora_24gb_behaviour8"), _rec("run6_qwen7b_qlora_24gb_behaviour32")
+    assert lora["phase"] == "done" and lora["plan_total_bytes"] >= lora["memory_after_steps"]["peak_bytes_in_use"]
+    # a QLoRA run peaks at the load; the plan's load estimate bounds it
+    q6 = _rec("run6_qwen7b_qlora_24gb_behaviour8")
     assert q6["phase"] == "done" and q6["finite_losses"] and "data.behaviour_batch_size=8" in q6["overrides"]
     peak = q6["memory_after_steps"]["peak_bytes_in_use"]
-    assert peak == q6["memory_after_adapters"]["peak_bytes_in_use"] < peak5 <= q6["memory_cap"]["cap_bytes"]
+    assert peak == q6["memory_after_adapters"]["peak_bytes_in_use"] <= q6["memory_cap"]["cap_bytes"]
     assert peak <= q6["plan_load_bytes"] <= 1.05 * peak
-    assert "RESOURCE_EXHAUSTED" in q6b["error"] and f"{block / 2 ** 30:.2f}GiB" in q6b["error"]
-    assert q6b["memory_at_error"]["bytes_in_use"] == used
-    assert f"{q6['s_per_step']:.2f} s per step" in flat and f"MFU {100 * q6['mfu_datasheet']:.1f}%" in flat
-    assert f"measured peak, {peak / 2 ** 30:.2f} GiB" in flat and f"{gib(q6['plan_load_bytes'])}" in flat
-    assert f"training programs {gib(q6['plan_total_bytes'])}" in flat
     example = " ".join((ROOT / "configs" / "examples" / "qwen2_5_7b_qlora_24gb.yaml").read_text().split())
     assert "behaviour_batch_size: 8 " in example and f"{q6['s_per_step']:.2f} s per step" in example
-    assert f"peak {peak / 2 ** 30:.2f} GiB" in example and f"load {gib(q6['plan_load_bytes'])}" in example
-    # run 8: 32 rows run once the quantized arrays are compacted; that process peaked before any weight existed
+    assert f"peak {peak / 2 ** 30:.2f} GiB" in example
+    # before the arrays were compacted, the 32-row behaviour block did not fit a fragmented allocator; after, it runs
+    q4 = _rec("run4_qwen7b_qlora_24gb")
+    block = q4["plan_temp_by_phase"]["behaviour"]
+    used, limit = q4["memory_at_error"]["bytes_in_use"], q4["memory_at_error"]["bytes_limit"]
+    assert f"{block / 2 ** 30:.2f}GiB" in q4["error"] and limit - used > block
+    hlo = (ROOT / "results" / "archive" / "device" / "run4_qwen7b_qlora_24gb_hlo.txt").read_text()
+    assert f"size {block}, page 0, preallocated-temp" in hlo   # the program's one big block is the planned one
+    q6b = _rec("run6_qwen7b_qlora_24gb_behaviour32")
+    assert "RESOURCE_EXHAUSTED" in q6b["error"] and f"{block / 2 ** 30:.2f}GiB" in q6b["error"]
     q8 = _rec("run8_qwen7b_qlora_24gb_behaviour32_compact")
     assert q8["phase"] == "done" and "data.behaviour_batch_size=32" in q8["overrides"]
-    assert q8["plan_temp_by_phase"]["behaviour"] == q4["plan_temp_by_phase"]["behaviour"]
-    p8 = q8["memory_after_steps"]["peak_bytes_in_use"]
-    assert p8 == q8["memory_after_weights"]["peak_bytes_in_use"] > q8["memory_after_weights"]["bytes_in_use"]
-    assert f"({q8['s_per_step']:.2f} s per step; that process's peak, {p8 / 2 ** 30:.2f} GiB" in flat
-    launch = " ".join((ROOT / "launch" / "README.md").read_text().split())
-    assert f"{peak / 2 ** 30:.2f} GiB measured" in launch and f"peak **{peak / 2 ** 30:.2f} GiB**" in launch
-    # run 7: bf16 parameters on a float32 master (jaxppo.optim.with_master_weights)
+    assert q8["plan_temp_by_phase"]["behaviour"] == block
+    # bf16 parameters on a float32 master: faster than bf16 compute on float32 parameters, lower peak
     b7 = _rec("run7_qwen1p5b_grpo_bf16params")
-    assert b7["param_dtype"] == "bfloat16" and b7["finite_losses"]
-    assert f"{b7['s_per_step']:.3f} s per step, {bf16['s_per_step'] / b7['s_per_step']:.2f}x" in flat
-    assert f"{f32['s_per_step'] / b7['s_per_step']:.2f}x float32" in flat
+    assert b7["param_dtype"] == "bfloat16" and b7["finite_losses"] and b7["s_per_step"] < bf16["s_per_step"]
+    assert b7["memory_after_steps"]["peak_bytes_in_use"] < bf16["memory_after_steps"]["peak_bytes_in_use"]
     # per bf16 value (2 B): a float32 master (4 B) and two float32 moments (8 B), plus a few scalars (counts, LR)
     assert 0 <= b7["plan_parts"]["optimizer_bytes"] - 6 * b7["plan_parts"]["params_bytes"] < 1024
-    assert f"peak {gib(b7['memory_after_steps']['peak_bytes_in_use'])} against" in flat
-    assert f"(plan {gib(b7['plan_total_bytes'])}" in flat
-    assert f"{b7['metrics']['actor/pg_loss']:.4f} vs {bf16['metrics']['actor/pg_loss']:.4f}" in flat
     # the float32 run at micro-batch 8 failed where the plan said it would not fit the allocator
     f8 = _rec("run1_qwen1p5b_grpo_f32_micro8")
     assert f8["plan_total_bytes"] > f8["memory_at_error"]["bytes_limit"] and "RESOURCE_EXHAUSTED" in f8["error"]

@@ -47,39 +47,17 @@ def test_a_tiny_run_records_both_dtypes(tmp_path):
     assert set(r["speedup"]) == {"layer", "gemms", "attention", "head", "head_gemms"}
 
 
-def test_benchmarks_readme_quotes_the_layer_record():
-    """The numbers benchmarks/README.md quotes from results/model_layer_dtypes.json (the run after the fix)."""
+def test_layer_record_is_gemm_bound():
+    """What benchmarks/README.md reads from results/model_layer_dtypes.json (its table is generated from it): the
+    float32 layer's GEMMs and attention are most of its time, and bfloat16 speeds the layer, its GEMMs and the head."""
     d = json.loads((REPO / "results" / "model_layer_dtypes.json").read_text())
-    m, sp = d["medians"], d["speedup"]
-    text = " ".join((REPO / "benchmarks" / "README.md").read_text().split())
-    ms = lambda k: f"{m[k] * 1e3:.1f}"  # noqa: E731
-    assert (f"one layer's fwd+bwd {sp['layer']:.2f}x, its GEMMs {sp['gemms']:.2f}x, the LM head with its "
-            f"cross-entropy {sp['head']:.2f}x") in text
-    predicted = 30 * m["bfloat16/layer_s"] + m["bfloat16/head_s"]
-    assert (f"30 x {m['bfloat16/layer_s'] * 1e3:.0f} ms + {m['bfloat16/head_s']:.2f} s ≈ {predicted:.1f} s") in text
-    assert f"(GEMMs + attention) / layer = {d['float32/ratio_median']:.2f} in float32**, " \
-           f"{d['bfloat16/ratio_median']:.2f} in bf16" in text
-    assert (f"its 21 GEMMs alone take {ms('float32/gemms_s')} of its {ms('float32/layer_s')} ms, at "
-            f"{d['float32/gemm_gflops_per_s_median']:.0f} GFLOP/s") in text
-    assert (f"can cut the {100 * (1 - d['float32/ratio_median']):.0f}% of a layer outside its GEMMs and attention, "
-            f"and some of attention's own {ms('float32/attention_s')} ms") in text
-    assert f"The head is GEMMs too ({ms('float32/head_gemms_s')} of {ms('float32/head_s')} ms)" in text
-    # the whole-step cut PPO's 1.5x-Tunix target would need, from the fifth peers run
-    rows = {(r["task"], r["dtype"]): r["tools"] for r in
-            json.loads((REPO / "results" / "peers_fifth.json").read_text())["rows"]}
-    ppo = rows[("ppo", "float32")]
-    need = 1 - ppo["tunix"]["s_per_update"] / 1.5 / ppo["jaxppo"]["s_per_update"]
-    assert f"the whole step would have to be {100 * need:.0f}% faster for PPO's 1.5x" in text
+    assert 0.8 <= d["float32/ratio_median"] <= 1.0
+    assert all(d["speedup"][k] > 1 for k in ("layer", "gemms", "head"))
 
 
-def test_benchmarks_readme_quotes_the_gemm_rates_of_both_frameworks():
+def test_gemm_rates_of_both_frameworks_are_alike_in_float32():
+    """benchmarks/README.md: the model's float32 GEMMs run as fast in JAX as in torch on this CPU (within 35%)."""
     d = json.loads((REPO / "results" / "matmul_dtype_zen4.json").read_text())
-    text = " ".join((REPO / "benchmarks" / "README.md").read_text().split())
-    rate = lambda fw, names: " / ".join(f"{d['runs'][fw + ':float32']['gemms'][n]['gflops']:.0f}"  # noqa: E731
-                                        for n in names)
-    mlp = ("mlp_fwd x@W", "mlp_dx g@W.T", "mlp_dw x.T@g")
-    head = ("head_fwd h@E.T", "head_dh g@E", "head_dE g.T@h")
-    assert f"at {rate('jax', mlp)} GFLOP/s in JAX and {rate('torch', mlp)} in torch" in text
-    assert f"the LM head's three at {rate('jax', head)} against {rate('torch', head)}" in text
+    jx, tc = d["runs"]["jax:float32"]["gemms"], d["runs"]["torch:float32"]["gemms"]
+    assert all(0.75 <= jx[n]["gflops"] / tc[n]["gflops"] <= 1.35 for n in jx)
     assert d["machine"]["xla_flags"] is None and d["machine"]["cpu_family"] == 25
-

@@ -382,3 +382,48 @@ def test_calibrate_option_fits_each_sweep_and_is_quoted(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"A/A calibration ({(out / 'calibration.json').as_posix()}: 20 synthetic sweeps per design" in text
     assert "normal noise: primary " in text and "t4 noise: primary " in text
+
+
+def test_ci_outputs_and_the_cache_stay_out_of_results(tmp_path, monkeypatch):
+    """A notebook run with PROFILE "ci" and OUTPUT_ROOT results/sweeps writes its toy sweep and the compilation cache
+    under the git-ignored runs/ (runs/sweeps/<stem>_ci, runs/sweeps/xla_cache), never into results/; the full
+    profile keeps results/sweeps/<stem> (the committed record); roots outside results/ are used as they are."""
+    f = "configs/sweeps/is_onpolicy.yaml"
+    root = REPO / "results" / "sweeps"
+    assert sr.sweep_output_dir(f, "ci", root) == REPO / "runs" / "sweeps" / "is_onpolicy_ci"
+    assert sr.sweep_output_dir(f, "full", root) == root / "is_onpolicy"
+    assert sr.sweep_output_dir(f, "ci", tmp_path) == tmp_path / "is_onpolicy_ci"
+    envs, outs = [], []
+
+    def fake_run(argv, **kw):
+        envs.append(kw["env"])
+        out = Path(argv[argv.index("--output-dir") + 1])
+        outs.append(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.csv").write_text("variant,status\nx,ok\n")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(sr.subprocess, "run", fake_run)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    # a stand-in repository: its results/ maps to its runs/ (the real checkout is not written)
+    fake_repo = tmp_path / "repo"
+    monkeypatch.chdir(fake_repo.mkdir() or fake_repo)
+    sr.run_sweep(f, "ci", fake_repo / "results" / "sweeps")
+    assert outs[-1] == fake_repo / "runs" / "sweeps" / "is_onpolicy_ci"
+    assert envs[-1]["JAX_COMPILATION_CACHE_DIR"] == str(fake_repo / "runs" / "sweeps" / "xla_cache")
+    assert not (fake_repo / "results").exists()
+
+
+def test_runner_cache_of_a_committed_sweep_is_under_runs(tmp_path, monkeypatch):
+    from jaxppo.sweeps.runner import run_env, scratch_path
+
+    monkeypatch.chdir(tmp_path)
+    assert scratch_path("results/sweeps/x/xla_cache") == tmp_path / "runs" / "sweeps" / "x" / "xla_cache"
+    assert scratch_path(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+
+    class Spec:
+        output_dir = "results/sweeps/x"
+
+    env = run_env(Spec(), base_env={})
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "runs" / "sweeps" / "x" / "xla_cache")
+    assert run_env(Spec(), base_env={"JAX_COMPILATION_CACHE_DIR": "/c"})["JAX_COMPILATION_CACHE_DIR"] == "/c"

@@ -1,0 +1,47 @@
+"""The measurement tables of benchmarks/README.md and launch/README.md are what ``python -m benchmarks.tables``
+generates from the committed records, and the prose around them carries no dates or run ordinals."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import tables
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("doc", sorted(tables.DOCS))
+def test_generated_tables_are_committed(doc):
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    assert tables.generate(doc, text) == text, f"{doc}'s tables differ from the records: run python -m benchmarks.tables"
+
+
+@pytest.mark.parametrize("doc", sorted(tables.DOCS))
+def test_every_table_has_its_markers_once(doc):
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    for name in tables.DOCS[doc]:
+        begin, end = tables.markers(name)
+        assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end), name
+
+
+def test_rewrite_replaces_only_between_the_markers():
+    begin, end = tables.markers("x")
+    text = f"before\n{begin}\nold\n{end}\nafter\n"
+    assert tables.rewrite(text, "x", "new") == f"before\n{begin}\nnew\n{end}\nafter\n"
+
+
+@pytest.mark.parametrize("doc", ["benchmarks/README.md", "launch/README.md"])
+def test_prose_has_no_dates_or_run_ordinals(doc):
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2} (Dec|Nov|Jan) 20\d\d\b", text)
+    assert not re.search(r"\b(second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth) (idle )?run\b", text, re.I)
+    assert not re.search(r"\bissue \d+", text)
+
+
+def test_records_the_docs_name_exist():
+    for rel in {*tables.PEERS_CURRENT.values(), *tables.PEERS_ROUNDS,
+                *(f for e in tables.PEERS_AB for f in e[1] + e[2])}:
+        assert (tables.RESULTS / rel).is_file(), rel
+    for name in tables.DEVICE_CURRENT:
+        assert (tables.RESULTS / "device" / f"{name}.json").is_file(), name
