@@ -194,3 +194,42 @@ def test_config_key_names_the_implementations():
     assert load_config().model.attention == "auto"
     with pytest.raises(ConfigError, match="model.attention"):
         load_config(overrides=["model.attention=flash"])
+
+
+def test_model_attention_choice_reaches_the_layers():
+    """A tiny mistral (sliding window 3), left-padded rows: ``attention="xla"`` gives the logits of the reference on
+    the real tokens (1e-5) and ``"auto"`` on the CPU exactly the reference's; an unknown name is refused."""
+    from flax import nnx
+
+    from jaxppo.models import CausalLM
+    from tests.models.tiny_lm import left_padded_prompts, tiny_config
+
+    cfg = tiny_config("mistral")
+    ids, mask = left_padded_prompts(cfg.vocab_size)
+    state = nnx.state(CausalLM(cfg, rngs=nnx.Rngs(0)))
+
+    def logits(name):
+        model = CausalLM(cfg.replace(attention=name), rngs=nnx.Rngs(1))
+        nnx.update(model, state)
+        return np.asarray(jax.jit(lambda i, m: model(i, m))(ids, mask))
+
+    ref, real = logits("reference"), np.asarray(mask, bool)
+    np.testing.assert_array_equal(logits("auto"), ref)
+    np.testing.assert_allclose(logits("xla")[real], ref[real], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="LMConfig.attention"):
+        cfg.replace(attention="flash")
+    with pytest.raises(ValueError, match="model.attention='cudnn' runs on a GPU only"):
+        logits("cudnn")
+
+
+def test_cudnn_on_cpu_is_a_one_line_config_error():
+    from jaxppo.config import load_config
+    from jaxppo.hf.from_config import check_attention_backend
+
+    cfg = load_config(overrides=["model.attention=cudnn"])
+    with pytest.raises(ConfigError) as err:
+        check_attention_backend(cfg.model, "cpu")
+    assert str(err.value) == ("model.attention='cudnn' runs on a GPU only, this process's backend is 'cpu'; "
+                              "use auto, xla or reference")
+    check_attention_backend(cfg.model, "gpu")
+    check_attention_backend(load_config().model, "cpu")
