@@ -28,8 +28,12 @@ Implementations (``IMPLEMENTATIONS``):
   segment ids and causality natively; no sliding window; keys and values repeated to H heads (the kernel has no
   grouped form); GPU only (``interpret=True`` anywhere), ``T`` at most 32, a multiple of 32 up to 128 or a
   multiple of 128.
-- ``auto``: ``resolve``: cudnn on a GPU and splash on a TPU where ``fits`` says the shapes and dtypes allow it,
-  else xla; ``CPU_AUTO`` on the CPU.
+- ``auto``: ``resolve``: cudnn on a GPU and splash on a single TPU device where ``fits`` says the shapes and dtypes
+  allow it, else xla; ``CPU_AUTO`` on the CPU.
+
+Several devices: cudnn is partitioned by JAX itself (its custom partitioning splits batch and heads); the Pallas
+kernels are not wrapped in ``shard_map`` here, so XLA would run them on gathered operands: ``auto`` does not pick
+splash when the process sees more than one device, and an explicit ``splash`` / ``pallas_gpu`` is for one device.
 
 The backend a choice is made for is the process's (``jax.default_backend()``), not an ``LMConfig``'s layout
 backend: a fused kernel compiles only on its own device.
@@ -116,15 +120,16 @@ def fits(name: str, *, dtype, head_dim: int, seq_len: int, sliding_window: int |
 
 
 def resolve(name: str, backend: str, *, dtype, head_dim: int, seq_len: int,
-            sliding_window: int | None = None) -> str:
-    """The implementation ``name`` stands for on ``backend`` for these shapes. ``auto``: ``CPU_AUTO`` on "cpu";
-    cudnn on "gpu" and splash on "tpu" when ``fits``, else xla; any other backend xla. An explicit name is checked
-    (``check_backend``; a fused kernel the shapes do not fit is a ValueError with ``fits``' reason)."""
+            sliding_window: int | None = None, devices: int = 1) -> str:
+    """The implementation ``name`` stands for on ``backend`` for these shapes and ``devices`` (the process's device
+    count). ``auto``: ``CPU_AUTO`` on "cpu"; cudnn on "gpu" and splash on "tpu" (one device only) when ``fits``, else
+    xla; any other backend xla. An explicit name is checked (``check_backend``; a fused kernel the shapes do not fit
+    is a ValueError with ``fits``' reason)."""
     check_backend(name, backend)
     if name == "auto":
         if backend == "cpu":
             return CPU_AUTO
-        fused = {"gpu": "cudnn", "tpu": "splash"}.get(backend)
+        fused = {"gpu": "cudnn", "tpu": "splash" if devices == 1 else None}.get(backend)
         if fused is None:
             return "xla"
         why = fits(fused, dtype=dtype, head_dim=head_dim, seq_len=seq_len, sliding_window=sliding_window)

@@ -276,13 +276,14 @@ class LMConfig:
 
     def attention_impl(self, seq_len: int, backend: str | None = None) -> str:
         """The implementation ``attention`` stands for in a forward over ``seq_len`` slots on ``backend`` (None: the
-        process's, ``jax.default_backend()``): ``models.attention.resolve`` with the compute dtype, head dim and
-        sliding window (a ValueError for a fused kernel the backend or shapes cannot run)."""
+        process's, ``jax.default_backend()``): ``models.attention.resolve`` with the compute dtype, head dim, sliding
+        window and the process's device count (a ValueError for a fused kernel the backend or shapes cannot run)."""
         import jax
 
         from jaxppo.models.attention import resolve
         return resolve(self.attention, backend or jax.default_backend(), dtype=self.compute_dtype,
-                       head_dim=self.head_dim, seq_len=seq_len, sliding_window=self.sliding_window)
+                       head_dim=self.head_dim, seq_len=seq_len, sliding_window=self.sliding_window,
+                       devices=jax.device_count())
 
     def _backend(self) -> str:
         if self.backend is not None:

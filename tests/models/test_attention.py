@@ -145,6 +145,13 @@ def test_auto_per_backend(backend, dtype, t, window, want):
     assert resolve("auto", backend, dtype=dtype, head_dim=64, seq_len=t, sliding_window=window) == want
 
 
+def test_auto_leaves_splash_to_a_single_tpu_device():
+    """The Pallas kernels are not partitioned: on several TPU devices auto takes xla; cuDNN partitions itself."""
+    kw = dict(dtype="bfloat16", head_dim=64, seq_len=256)
+    assert resolve("auto", "tpu", devices=8, **kw) == "xla"
+    assert resolve("auto", "gpu", devices=8, **kw) == "cudnn"
+
+
 def test_auto_on_cpu_is_the_reference():
     assert CPU_AUTO == "reference"
 
