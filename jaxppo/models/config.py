@@ -277,11 +277,15 @@ class LMConfig:
     def attention_impl(self, seq_len: int, backend: str | None = None) -> str:
         """The implementation ``attention`` stands for in a forward over ``seq_len`` slots on ``backend`` (None: the
         process's, ``jax.default_backend()``): ``models.attention.resolve`` with the compute dtype, head dim, sliding
-        window and the process's device count (a ValueError for a fused kernel the backend or shapes cannot run)."""
+        window and the process's device count (a ValueError for a fused kernel the backend or shapes cannot run).
+        A layout traced for another backend (``backend`` field set and not the process's: ``jaxppo.plan`` on
+        simulated devices) takes what ``auto`` is on the process's backend, the program that compiles there."""
         import jax
 
         from jaxppo.models.attention import resolve
-        return resolve(self.attention, backend or jax.default_backend(), dtype=self.compute_dtype,
+        here = backend or jax.default_backend()
+        name = "auto" if self.backend is not None and self.backend != here else self.attention
+        return resolve(name, here, dtype=self.compute_dtype,
                        head_dim=self.head_dim, seq_len=seq_len, sliding_window=self.sliding_window,
                        devices=jax.device_count())
 

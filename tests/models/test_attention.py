@@ -225,6 +225,16 @@ def test_model_attention_choice_reaches_the_layers():
         logits("cudnn")
 
 
+def test_a_layout_for_another_backend_compiles_what_runs_here():
+    """``jaxppo.plan`` traces a GPU layout on CPU devices: a cudnn choice becomes this backend's auto there."""
+    from tests.models.tiny_lm import tiny_config
+
+    assert tiny_config(backend="gpu", attention="cudnn").attention_impl(64, "cpu") == CPU_AUTO
+    with pytest.raises(ValueError, match="runs on a GPU only"):
+        tiny_config(attention="cudnn").attention_impl(64, "cpu")
+    assert tiny_config(backend="cpu", attention="xla").attention_impl(64, "cpu") == "xla"
+
+
 def test_cudnn_on_cpu_is_a_one_line_config_error():
     from jaxppo.config import load_config
     from jaxppo.hf.from_config import check_attention_backend
