@@ -52,9 +52,10 @@ from jaxppo.models.layers import attention as reference_attention
 
 IMPLEMENTATIONS = ("auto", "reference", "xla", "cudnn", "splash", "pallas_gpu")
 BACKEND_OF = {"cudnn": "gpu", "splash": "tpu", "pallas_gpu": "gpu"}  # fused kernels and the one backend each runs on
-# auto on the CPU: the reference einsum. benchmarks/attention.py times reference against xla on the CPU at the
-# SmolLM2-135M attention shape (forward + backward); the record it writes under results/ is what this choice rests
-# on. The reference also keeps every CPU result of earlier versions bit for bit.
+# auto on the CPU: the reference einsum, which keeps every CPU result of earlier versions bit for bit.
+# benchmarks/attention.py times it against xla on the CPU at the SmolLM2-135M attention shape (forward + backward)
+# and writes results/attention_cpu.json; change this only where that record, taken on an idle machine, shows xla
+# faster at every measured length.
 CPU_AUTO = "reference"
 SPLASH_BLOCKS = (512, 256, 128)  # splash block sizes tried largest first: the first dividing T is used
 
