@@ -22,6 +22,8 @@ DType = Literal["float32", "bfloat16", "float16"]
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")   # = jaxppo.models.lora.TARGETS (tests check)
+# = jaxppo.models.attention.IMPLEMENTATIONS (tests check)
+Attention = Literal["auto", "reference", "xla", "cudnn", "splash", "pallas_gpu"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class ModelConfig:
     param_dtype: DType = "float32"
     compute_dtype: DType = "float32"
     remat: bool | Literal["dots", "auto"] = "auto"   # LMConfig.remat / remat_policy
+    attention: Attention = "auto"   # LMConfig.attention (jaxppo.models.attention)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

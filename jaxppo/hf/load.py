@@ -155,7 +155,7 @@ def load_weights(model: CausalLM, source: TensorSource, *, mesh: Mesh | None = N
 
 def load_pretrained(path: str | Path, *, dtype=jnp.float32, compute_dtype=None, mesh: Mesh | None = None,
                     rules: Mapping | None = None, remat: bool | str = "auto",
-                    scan_layers: bool | str | None = None) -> CausalLM:
+                    scan_layers: bool | str | None = None, attention: str = "auto") -> CausalLM:
     """A ``CausalLM`` with the weights of a HF directory (``config.json`` + safetensors) or a ``.gguf`` file.
 
     ``dtype``: parameter dtype; ``compute_dtype``: activation dtype (default ``dtype``). With ``mesh``
@@ -164,11 +164,13 @@ def load_pretrained(path: str | Path, *, dtype=jnp.float32, compute_dtype=None, 
     measured faster, ``LMConfig.remat_policy``).
     ``scan_layers``: ``LMConfig.scan_layers``; None: ``models.config.default_scan_layers`` of the compute dtype
     (float32 scans; 16-bit unrolls on the CPU).
+    ``attention``: ``LMConfig.attention`` (``jaxppo.models.attention``).
     """
     source = open_source(path)
     compute = _dtype_name(compute_dtype if compute_dtype is not None else dtype)
     cfg = LMConfig.from_hf(source.config_dict(), param_dtype=_dtype_name(dtype), compute_dtype=compute, remat=remat,
-                           scan_layers=default_scan_layers(compute) if scan_layers is None else scan_layers)
+                           scan_layers=default_scan_layers(compute) if scan_layers is None else scan_layers,
+                           attention=attention)
     model = nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)))
     return load_weights(model, source, mesh=mesh, rules=rules, where=str(path))
 

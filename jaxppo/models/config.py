@@ -128,6 +128,9 @@ class LMConfig:
     ``backend``: the backend whose rules ``unroll_layers`` and ``remat_policy`` apply (``resolve_layers``); None
     (default): ``jax.default_backend()`` at trace time; constructed inside ``layout_backend(b)``: ``b``. A field, so
     programs traced for another backend's layout are separate entries of jit's cache.
+    ``attention``: the self-attention implementation of the forward passes without a cache (``models.attention``:
+    "auto", "reference", "xla", "cudnn", "splash", "pallas_gpu"), resolved at trace time for the process's backend
+    (``attention_impl``); the KV-cache decode and the shared-prefix layout use the reference einsum.
     """
 
     vocab_size: int
@@ -156,6 +159,7 @@ class LMConfig:
     initializer_range: float = 0.02
     lora: Any = None   # a jaxppo.models.lora.LoraSpec: LoRA adapters on a frozen base (None: full weights)
     backend: str | None = None
+    attention: str = "auto"
 
     def __post_init__(self):
         """Validate and normalise the fields, one small step each (every step raises ``ValueError`` naming the
@@ -223,6 +227,9 @@ class LMConfig:
             raise ValueError(f"LMConfig.remat must be true, false, 'dots' or 'auto', got {self.remat!r}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"LMConfig.sliding_window must be >= 1 or None, got {self.sliding_window}")
+        from jaxppo.models.attention import IMPLEMENTATIONS
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(f"LMConfig.attention must be one of {IMPLEMENTATIONS}, got {self.attention!r}")
 
     # ---------------------------------------------------------------- derived
     @property
@@ -266,6 +273,21 @@ class LMConfig:
         Unrolled 16-bit stacks got slower with it, and accelerators were not measured: None there.
         """
         return resolve_layers(self, self._backend())[1]
+
+    def attention_impl(self, seq_len: int, backend: str | None = None) -> str:
+        """The implementation ``attention`` stands for in a forward over ``seq_len`` slots on ``backend`` (None: the
+        process's, ``jax.default_backend()``): ``models.attention.resolve`` with the compute dtype, head dim, sliding
+        window and the process's device count (a ValueError for a fused kernel the backend or shapes cannot run).
+        A layout traced for another backend (``backend`` field set and not the process's: ``jaxppo.plan`` on
+        simulated devices) takes what ``auto`` is on the process's backend, the program that compiles there."""
+        import jax
+
+        from jaxppo.models.attention import resolve
+        here = backend or jax.default_backend()
+        name = "auto" if self.backend is not None and self.backend != here else self.attention
+        return resolve(name, here, dtype=self.compute_dtype,
+                       head_dim=self.head_dim, seq_len=seq_len, sliding_window=self.sliding_window,
+                       devices=jax.device_count())
 
     def _backend(self) -> str:
         if self.backend is not None:

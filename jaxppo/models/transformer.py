@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxppo.models.attention import SegmentMask, segment_attention, self_attention_mask
 from jaxppo.models.config import LMConfig
 from jaxppo.models.lora import QUANT_SUFFIXES, TARGETS, init_adapters, quantize_stacked
 from jaxppo.models.lora_dropout import Drop, layer_keys
@@ -98,6 +99,8 @@ def _layer(cfg: LMConfig, p: dict, x, cos, sin, allowed, cache=None, index=None,
         cache = (k_buf, v_buf)
     elif isinstance(allowed, SharedPrefixMask):
         o = shared_prefix_attention(q, k, v, allowed)
+    elif isinstance(allowed, SegmentMask):
+        o = segment_attention(q, k, v, allowed, cfg.attention_impl(q.shape[1]))
     else:
         o = attention(q, k, v, allowed)
     x = x + out_proj(o, p, drop)
@@ -244,8 +247,7 @@ class Transformer(nnx.Module):
         positions = positions_from_mask(mask)
         cos, sin = rope_cos_sin(positions, jnp.asarray(self.config.inv_freq()))
         t = input_ids.shape[1]
-        slots = jnp.arange(t)
-        allowed = attention_allowed(slots, slots, mask, self.config.sliding_window)
+        allowed = self_attention_mask(mask, self.config.sliding_window, self.config.attention_impl(t))
         x, _ = self.layers(self._embed(input_ids), cos, sin, allowed, lora_key=lora_key)
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
