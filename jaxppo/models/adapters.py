@@ -73,12 +73,12 @@ def with_adapters(lm: CausalLM, lora_cfg, *, seed: int, mesh=None, rules=None) -
 
 def compact(model: nnx.Module, *, force: bool = False) -> bool:
     """Re-place every array of ``model`` through host memory, in place (same values, dtypes and shardings), so the
-    device allocator lays the live arrays out again side by side. After a quantized base replaced the loaded float
-    weights one projection at a time, the codes sit between the holes the float stacks left: on the H200 capped at
-    24e9 bytes a 9.42 GiB block then found no room with 17.9 GB free (benchmarks/README.md "On a GPU"). The old
-    device buffers are deleted first (nothing else may hold them). Only on an accelerator (``force``: on the CPU too,
-    for tests) and when this process holds every shard (arrays spanning several processes are left as they are);
-    returns whether it re-placed."""
+    device allocator lays the live arrays out again side by side. After a quantized base replaced the loaded
+    float weights one projection at a time, the codes sit between the holes the float stacks left, and a large
+    block may find no room although enough memory is free in total. The old device buffers are deleted first
+    (nothing else may hold them). Only on an accelerator (``force``: on the CPU too, for tests) and when this
+    process holds every shard (arrays spanning several processes are left as they are); returns whether it
+    re-placed."""
     state = nnx.state(model)
     leaves = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
     if not leaves or not all(x.is_fully_addressable for x in leaves):

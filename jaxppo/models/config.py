@@ -249,12 +249,8 @@ class LMConfig:
         ``results/model_dtype_pair_layouts.json``; ``benchmarks/README.md``, "Scan or unroll in bfloat16"),
         SmolLM2-135M shape, 30 layers, 8x128 fwd+bwd, one process, medians: bf16 scanned 6.25 s, unrolled 4.00 s
         (compile + first call 10.8 s vs 15.8 s); float32 scanned 6.90 s, unrolled 6.75 s (no gain worth the
-        longer compile), so deep float32 models keep the scan.
-
-        Earlier, float32 (2-core CPU, loaded, process CPU time), SmolLM2-135M shape: unrolled fwd+bwd at 8x128 was
-        ~7% cheaper per step (9.3 s vs 10.0 s) and a 64x16+16 sampled decode ~5% (6.5 s vs 6.8 s), but the
-        30-layer programs compile ~10-15 s longer each (37 s vs 27 s, 40 s vs 25 s); at 4 layers compile times
-        are equal. So deep models keep the scan (a short run compiles several programs), shallow ones unroll.
+        longer compile), so deep float32 models keep the scan; shallow float32 models (compile times equal at a few
+        layers) unroll.
         """
         return resolve_layers(self, self._backend())[0]
 
@@ -269,7 +265,8 @@ class LMConfig:
         "auto" is "dots" where it was measured faster: the CPU backend, a scanned stack (``unroll_layers`` False) and
         float32 compute. There, XLA:CPU allocates every update's buffers afresh, each first touch of a 4 KiB page
         is a page fault, and saving only the products halves the memory an update touches: the SmolLM2-135M-shaped
-        fwd+bwd at 8x128 took less time and a third less peak memory (``benchmarks/README.md``, "Ninth run").
+        fwd+bwd at 8x128 took less time and a third less peak memory (``benchmarks/README.md``, "model"; the
+        records ``results/peers_float32.json``).
         Unrolled 16-bit stacks got slower with it, and accelerators were not measured: None there.
         """
         return resolve_layers(self, self._backend())[1]

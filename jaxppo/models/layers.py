@@ -218,7 +218,7 @@ def dense(x: jax.Array, w: jax.Array) -> jax.Array:
     plain GEMMs; keeping them was ~0.8x in a paired fwd+bwd of the 30-layer model). 16-bit (``mixed_einsum``): the
     leading dims are kept (``"abd,dm->abm"``), so the weight gradient ``xᵀ·g`` contracts several dims; XLA:CPU then
     lowers it through a transposed copy to a canonical 16-bit YNNPACK GEMM, whereas the flattened form's single
-    contraction over the lhs's first dim is upcast to a float32 dot (benchmarks/README.md, "Where XLA:CPU loses it").
+    contraction over the lhs's first dim is upcast to a float32 dot (XLA:CPU, jax 0.10.2).
     """
     lead, d, out = x.shape[:-1], x.shape[-1], w.shape[1:]
     if is_low_precision(x.dtype):
