@@ -112,8 +112,10 @@ def prompt_means(values: Sequence[float] | np.ndarray, samples: int) -> np.ndarr
     return v.reshape(-1, samples).mean(axis=1)
 
 
-def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batch_size: int = 32) -> float:
-    """Perplexity of the response tokens of ``arrays`` (prompt_ids/prompt_mask/response_ids/response_mask)."""
+def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batch_size: int = 32,
+                       packing: bool = False) -> float:
+    """Perplexity of the response tokens of ``arrays`` (prompt_ids/prompt_mask/response_ids/response_mask);
+    ``packing``: packed rows (``jaxppo.data.behaviour.compute_behaviour_logprobs``)."""
     for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"):
         if k not in arrays:
             raise KeyError(f"heldout_perplexity: arrays has no {k!r} (have {sorted(arrays)})")
@@ -123,7 +125,7 @@ def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batc
     ntok = mask.sum()
     if ntok <= 0:
         raise ValueError("heldout_perplexity: no response tokens (response_mask is all zero)")
-    lp = compute_behaviour_logprobs(model, arrays, batch_size=batch_size).astype(np.float64)
+    lp = compute_behaviour_logprobs(model, arrays, batch_size=batch_size, packing=packing).astype(np.float64)
     return float(np.exp(-(lp * mask).sum() / ntok))
 
 

@@ -151,7 +151,24 @@ def _run(models, tok, packed, weights):
     return _outputs(lm, head, tok, packed, weights)
 
 
-_VG = nnx.value_and_grad(_run, has_aux=True)
+def _float_param(path, x) -> bool:
+    """The differentiable parameters (a quantized base's integer codes are not)."""
+    return isinstance(x, nnx.Param) and jnp.issubdtype(jnp.asarray(x.get_value()).dtype, jnp.floating)
+
+
+def assert_grads_close(g_want, g_got, tol=1e-5):
+    """Per gradient leaf ``max|got − want| <= tol · max|want|``: float32 sums over other row layouts (the weight
+    gradients add the same per-token terms in another order) move them by ~1e-6 of the leaf's scale; one wrong
+    token or attention link moves them by far more."""
+    want, got = jax.tree.leaves(g_want), jax.tree.leaves(g_got)
+    assert len(want) == len(got) > 5
+    for a, b in zip(want, got):
+        a, b = np.asarray(a), np.asarray(b)
+        scale = max(float(np.abs(a).max()), 1e-6)
+        assert float(np.abs(a - b).max()) <= tol * scale, (a.shape, float(np.abs(a - b).max()), scale)
+
+
+_VG = nnx.value_and_grad(_run, has_aux=True, argnums=nnx.DiffState(0, _float_param))
 _VG_JIT = nnx.jit(_VG)        # one function object: its programs are reused across examples of equal shapes
 
 
@@ -166,10 +183,7 @@ def _compare(lm, batch, jit, packed_kw=None, atol=1e-5):
     np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5, atol=atol)
     for a, b, name in zip(o0, o1, ("logp", "entropy", "values")):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=atol, err_msg=name)
-    leaves0, leaves1 = jax.tree.leaves(g0), jax.tree.leaves(g1)
-    assert len(leaves0) == len(leaves1) > 5
-    for a, b in zip(leaves0, leaves1):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=atol)
+    assert_grads_close(g0, g1)
     # the jitted module-level pass of the behaviour log-probs agrees too
     from jaxppo.models.transformer import continuation_logprobs, packed_logprobs
 
@@ -276,8 +290,10 @@ def test_packed_on_8_device_mesh():
                                                    batch.response_mask))
     np.testing.assert_allclose(float(l0), float(ref), rtol=1e-5)
     np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=5e-6, rtol=1e-4)
+    ref_g = nnx.jit(nnx.grad(lambda m: jnp.sum(w * m.continuation_logprobs(
+        batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))))(single)
+    assert_grads_close(ref_g, g0)
+    assert_grads_close(g0, g1)
 
 
 _MODELS: dict = {}
