@@ -157,14 +157,15 @@ def _float_param(path, x) -> bool:
 
 
 def assert_grads_close(g_want, g_got, tol=1e-5):
-    """Per gradient leaf ``max|got − want| <= tol · max|want|``: float32 sums over other row layouts (the weight
-    gradients add the same per-token terms in another order) move them by ~1e-6 of the leaf's scale; one wrong
-    token or attention link moves them by far more."""
+    """Per gradient leaf ``max|got − want| <= tol · max(max|want|, 1)``: within ``tol`` absolutely for leaves of
+    scale <= 1, relatively above. Another row layout changes float32 sums (XLA:CPU's matmuls differ in the last
+    bits for another row count, and the weight gradients add the per-token terms in another order): ~1e-6 of the
+    leaf's scale here; one wrong token or attention link moves them by far more."""
     want, got = jax.tree.leaves(g_want), jax.tree.leaves(g_got)
     assert len(want) == len(got) > 5
     for a, b in zip(want, got):
         a, b = np.asarray(a), np.asarray(b)
-        scale = max(float(np.abs(a).max()), 1e-6)
+        scale = max(float(np.abs(a).max()), 1.0)
         assert float(np.abs(a - b).max()) <= tol * scale, (a.shape, float(np.abs(a - b).max()), scale)
 
 
@@ -172,7 +173,7 @@ _VG = nnx.value_and_grad(_run, has_aux=True, argnums=nnx.DiffState(0, _float_par
 _VG_JIT = nnx.jit(_VG)        # one function object: its programs are reused across examples of equal shapes
 
 
-def _compare(lm, batch, jit, packed_kw=None, atol=1e-5):
+def _compare(lm, batch, jit, packed_kw=None, atol=1e-5, check_pass=False):
     head = ScalarHead(lm.config.hidden_size, rngs=nnx.Rngs(5), std=0.5)
     pk = pack_batch(batch, **(packed_kw or {}))
     w = jnp.asarray(np.random.default_rng(1).normal(size=batch.response_ids.shape).astype(np.float32))
@@ -184,6 +185,8 @@ def _compare(lm, batch, jit, packed_kw=None, atol=1e-5):
     for a, b, name in zip(o0, o1, ("logp", "entropy", "values")):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=atol, err_msg=name)
     assert_grads_close(g0, g1)
+    if not check_pass:
+        return
     # the jitted module-level pass of the behaviour log-probs agrees too
     from jaxppo.models.transformer import continuation_logprobs, packed_logprobs
 
@@ -197,19 +200,21 @@ LENS = st.lists(st.tuples(st.integers(1, P), st.integers(0, R)), min_size=4, max
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-@settings(max_examples=4, deadline=None)
-@given(lens=LENS)
-def test_packed_equals_padded_jit(family, lens):
-    """Fixed B, P, R (few compiled programs): random lengths, rows of P+R (and 2 buckets: 2 packed shapes)."""
-    batch = padded_batch([a for a, _ in lens], [c for _, c in lens], seed=len(lens))
-    _compare(_model(family), batch, jit=True, packed_kw=dict(buckets=2))
+@settings(max_examples=10, deadline=None)
+@given(lens=LENS, seed=st.integers(0, 2 ** 16))
+def test_packed_equals_padded_jit(family, lens, seed):
+    """Fixed B, P, R (few compiled programs): random lengths and tokens, rows of P+R (and 2 buckets: 2 packed
+    shapes); the behaviour pass's jitted functions too."""
+    batch = padded_batch([a for a, _ in lens], [c for _, c in lens], seed=seed)
+    _compare(_model(family), batch, jit=True, packed_kw=dict(buckets=2), check_pass=True)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", ["llama", "mistral"])
 def test_packed_equals_padded_eager(family):
-    """Un-jitted, rows long enough to hold several sequences (segments side by side in one row)."""
+    """Un-jitted (unrolled layers: an eager scan recompiles its body at every call), rows long enough to hold
+    several sequences side by side (mistral: the sliding window inside a row shared by segments)."""
     batch = padded_batch([6, 1, 3, 2], [5, 0, 2, 4], seed=3)
-    _compare(_model(family), batch, jit=False, packed_kw=dict(row_length=2 * (P + R)))
+    _compare(tiny_lm(family, seed=1, scan_layers=False), batch, jit=False, packed_kw=dict(row_length=2 * (P + R)))
 
 
 def _lora(quantize_base=None):

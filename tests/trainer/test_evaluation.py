@@ -189,6 +189,19 @@ def test_evaluate_policy_rewards_kl_and_lengths():
     assert out["kl"] == pytest.approx(num / lengths.sum(), rel=1e-3, abs=1e-5)
 
 
+def test_evaluate_policy_packed_kl_equals_padded():
+    """``packing=True`` (``data.packing``): the same samples (the same key) and the same KL through packed rows."""
+    pol, ref = _tiny(0), _tiny(1)
+    arr = _arrays(29, seed=5)
+    rf = lambda prompts, responses: np.zeros(len(responses), np.float32)  # noqa: E731
+    kw = dict(max_new_tokens=6, temperature=1.0, eos_token_id=2, pad_token_id=0, batch_size=3)
+    a = evaluate_policy(pol, ref, CharTokenizer(), arr["prompt_ids"], arr["prompt_mask"], rf, jax.random.key(0), **kw)
+    b = evaluate_policy(pol, ref, CharTokenizer(), arr["prompt_ids"], arr["prompt_mask"], rf, jax.random.key(0),
+                        packing=True, **kw)
+    np.testing.assert_array_equal(b["response_ids"], a["response_ids"])
+    assert a["kl"] != 0.0 and b["kl"] == pytest.approx(a["kl"], rel=1e-5, abs=1e-6)
+
+
 def test_evaluate_policy_kl_zero_against_itself_and_greedy_batch_invariance():
     pol = _tiny(0)
     arr = _arrays(29, seed=7)
