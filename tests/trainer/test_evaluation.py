@@ -340,7 +340,7 @@ def test_heldout_eval_is_evaluate_policy_with_the_config(monkeypatch):
     assert ev.available and ev.samples == 3 and ev.seed == 4
     np.testing.assert_array_equal(ev.prompt_ids[:, 0], [0, 0, 0, 2, 2, 2])
     assert dict(ev.gen) == dict(max_new_tokens=7, temperature=0.5, top_k=3, top_p=1.0, eos_token_id=(2, 3),
-                                pad_token_id=0, batch_size=5)
+                                pad_token_id=0, batch_size=5, packing=False)   # data.packing's default
     np.testing.assert_array_equal(jax.random.key_data(ev.key) if jnp.issubdtype(ev.key.dtype, jax.dtypes.prng_key)
                                   else ev.key, jax.random.fold_in(jax.random.PRNGKey(4), EVAL_KEY_SALT))
     from jaxppo.rewards import length_reward
