@@ -55,27 +55,78 @@ def _logprobs_pure(graphdef, state, prompt_ids, prompt_mask, response_ids, respo
 
 
 def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarray], *,
-                               batch_size: int = 32) -> np.ndarray:
-    """Response-token log-probs [N, R] float32 of ``arrays`` under ``model`` (batched, jitted)."""
+                               batch_size: int = 32, packing: bool = False) -> np.ndarray:
+    """Response-token log-probs [N, R] float32 of ``arrays`` under ``model`` (batched, jitted).
+
+    ``packing`` (a causal LM only): each batch of ``batch_size`` rows runs as packed rows without padding
+    (:func:`packed_chunk_logprobs`); the same log-probs up to float32 summation order.
+    """
     n = arrays["prompt_ids"].shape[0]
     if n == 0:
         return np.zeros((0, arrays["response_ids"].shape[1]), np.float32)
     graphdef, state = nnx.split(model)
     # a causal LM reads only the R response positions through its LM head (one shared jit, see
     # jaxppo.models.transformer.continuation_logprobs); any other callable model takes the generic path
+    from jaxppo.models.packing import ProgramLog
     from jaxppo.models.transformer import continuation_logprobs
 
+    packed = packing and hasattr(model, "packed_logprobs")
     fn = continuation_logprobs if hasattr(model, "continuation_logprobs") else _logprobs_pure
+    programs = ProgramLog()
+    multiple = batch_multiple(state)
     bs = min(batch_size, n)
     out = []
     for start in range(0, n, bs):
         chunk = [np.asarray(arrays[k][start:start + bs]) for k in _TOKEN_KEYS]
         m = chunk[0].shape[0]
-        if m < bs:  # keep one compiled shape
-            chunk = [np.concatenate([c, np.repeat(c[:1], bs - m, axis=0)]) for c in chunk]
-        lp = fn(graphdef, state, *chunk)
+        if packed:
+            lp = packed_chunk_logprobs(graphdef, state, chunk, bs, multiple, programs)
+        else:
+            if m < bs:  # keep one compiled shape
+                chunk = [np.concatenate([c, np.repeat(c[:1], bs - m, axis=0)]) for c in chunk]
+            lp = fn(graphdef, state, *chunk)
         out.append(to_host(lp)[:m])
+    if packed:
+        programs.log("behaviour log-prob pass")
     return np.concatenate(out).astype(np.float32)
+
+
+def batch_multiple(state: Any) -> int:
+    """The size of the batch axes (``data × fsdp``) of the mesh the model's parameters live on (1 off a mesh):
+    packed row counts are rounded up to a multiple of it, so the rows split evenly over the devices."""
+    from jaxppo.models.sharding import mesh_of
+    from jaxppo.parallel import BATCH_AXES
+
+    for leaf in jax.tree.leaves(state):
+        mesh = mesh_of(leaf) if isinstance(leaf, jax.Array) else None
+        if mesh is not None:
+            return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.shape]))
+    return 1
+
+
+def packed_chunk_logprobs(graphdef, state, chunk: list[np.ndarray], rows: int, multiple: int = 1,
+                          programs=None) -> jax.Array:
+    """``continuation_logprobs`` [rows, R] of ``chunk`` (the four token arrays of ``m <= rows`` sequences) through the
+    packed layout (``jaxppo.models.packing.pack``, rows of ``P+R`` slots). Short chunks are filled to ``rows``
+    sequences with one-token dummies (a prompt's last token, no response), so the response arrays keep one shape;
+    ``programs`` (a ``packing.ProgramLog``) records the packed shape."""
+    from jaxppo.models.packing import pack
+    from jaxppo.models.transformer import packed_logprobs
+
+    pi, pm, ri, rm = chunk
+    m = pi.shape[0]
+    if m < rows:
+        extra = rows - m
+        dummy_pm = np.zeros((extra, pm.shape[1]), pm.dtype)
+        dummy_pm[:, -1] = 1
+        pi = np.concatenate([pi, np.zeros((extra, pi.shape[1]), pi.dtype)])
+        pm = np.concatenate([pm, dummy_pm])
+        ri = np.concatenate([ri, np.zeros((extra, ri.shape[1]), ri.dtype)])
+        rm = np.concatenate([rm, np.zeros((extra, rm.shape[1]), rm.dtype)])
+    plan = pack(pi, pm, ri, rm, multiple_of=multiple)
+    if programs is not None:
+        programs.add(plan)
+    return packed_logprobs(graphdef, state, plan, ri.astype(np.int32), rm.astype(np.int32))
 
 
 def model_fingerprint(path: str | os.PathLike) -> str:
@@ -105,15 +156,19 @@ def base_format(model: Any) -> str | None:
 
 
 def cache_key(model_id: str, arrays: Mapping[str, np.ndarray], *, param_dtype: Any = "float32",
-              compute_dtype: Any = "float32", quantized: str | None = None) -> str:
+              compute_dtype: Any = "float32", quantized: str | None = None, packing: bool = False) -> str:
     """SHA-256 (hex) of the model identity, its parameter and compute dtypes (both change the numbers), the
     format of a quantized base (``quantized``: int8 / nf4, which changes them too; None adds nothing, so the keys
-    of unquantized models are unchanged), the token arrays (bytes, dtypes, shapes) and the layout version."""
+    of unquantized models are unchanged), whether the pass ran packed (``packing``: the same numbers up to float
+    summation order, not bit for bit; False adds nothing), the token arrays (bytes, dtypes, shapes) and the layout
+    version."""
     h = hashlib.sha256()
     h.update(f"jaxppo-behaviour-v{CACHE_VERSION}\0{model_id}\0".encode())
     h.update(f"param_dtype={dtype_name(param_dtype)}\0compute_dtype={dtype_name(compute_dtype)}\0".encode())
     if quantized is not None:
         h.update(f"quantized_base={quantized}\0".encode())
+    if packing:
+        h.update(b"packing=1\0")
     for k in _TOKEN_KEYS:
         a = np.ascontiguousarray(arrays[k], dtype=np.int32)
         h.update(f"{k}:{a.shape}\0".encode())
@@ -172,7 +227,7 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
                             model: nnx.Module | None = None, load_model: Callable[[str], nnx.Module] | None = None,
                             cache_dir: str | os.PathLike | None = None, batch_size: int = 32,
                             report: DataReport | None = None, param_dtype: Any = None,
-                            compute_dtype: Any = None) -> dict[str, np.ndarray]:
+                            compute_dtype: Any = None, packing: bool = False) -> dict[str, np.ndarray]:
     """``arrays`` with ``behaviour_logprobs`` of the rows whose ``has_behaviour`` is False computed by
     the reference model (``model``, or ``load_model(model_path)`` loaded only on a cache miss).
 
@@ -181,7 +236,8 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
     written under the key of the model that actually produced it (read from the loaded model).
 
     Logged log-probs are kept as they are. ``has_behaviour`` stays the data's flag (True = logged);
-    ``report.notes`` records how many rows were computed and whether the cache was used.
+    ``report.notes`` records how many rows were computed and whether the cache was used. ``packing``: the pass
+    runs packed (:func:`compute_behaviour_logprobs`; part of the cache key).
     """
     missing = np.nonzero(~arrays["has_behaviour"])[0]
     out = dict(arrays)
@@ -195,7 +251,7 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
     else:
         dts = (param_dtype or "float32", compute_dtype or param_dtype or "float32")
     key = cache_key(model_id, sub, param_dtype=dts[0], compute_dtype=dts[1],
-                    quantized=None if model is None else base_format(model))
+                    quantized=None if model is None else base_format(model), packing=packing)
     path = Path(cache_dir) / f"behaviour-{key[:32]}.safetensors" if cache_dir is not None else None
     shape = (int(missing.size), int(arrays["response_ids"].shape[1]))
     lp = _read_cache(path, key, shape) if path is not None and path.is_file() else None
@@ -211,9 +267,9 @@ def fill_behaviour_logprobs(arrays: dict[str, np.ndarray], *, model_path: str,
             model = load_model(model_path)
             if param_dtype is None and compute_dtype is None and hasattr(model, "config"):
                 key = cache_key(model_id, sub, param_dtype=model_dtypes(model)[0],
-                                compute_dtype=model_dtypes(model)[1])
+                                compute_dtype=model_dtypes(model)[1], packing=packing)
                 path = Path(cache_dir) / f"behaviour-{key[:32]}.safetensors" if cache_dir is not None else None
-        lp = compute_behaviour_logprobs(model, sub, batch_size=batch_size)
+        lp = compute_behaviour_logprobs(model, sub, batch_size=batch_size, packing=packing)
         if path is not None:
             _write_cache(path, lp, key, model_id)
     full = np.array(arrays["behaviour_logprobs"], dtype=np.float32, copy=True)
@@ -245,5 +301,6 @@ def load_scored_arrays(data_cfg: Any, tokenizer: Any, *, reference_path: str | N
             raise ValueError("reference_path is needed for the cache key of the behaviour log-probs")
         cache_dir = data_cfg.cache_dir if data_cfg.cache_dir is not None else default_cache_dir(data_cfg.path)
         arrays = fill_behaviour_logprobs(arrays, model_path=reference_path, model=reference, cache_dir=cache_dir,
-                                         batch_size=data_cfg.behaviour_batch_size, report=loaded.report)
+                                         batch_size=data_cfg.behaviour_batch_size, report=loaded.report,
+                                         packing=data_cfg.packing)
     return arrays, loaded.report

@@ -85,3 +85,11 @@ class RewardModel(_TrunkWithHead):
         idx = last_token_index(mask)
         h_last = jnp.take_along_axis(h, idx[:, None, None], axis=1)[:, 0]
         return self.score_head(h_last)
+
+    def packed(self, packed) -> jax.Array:
+        """Scores [B] of the sequences that ``packed`` (``jaxppo.models.packing.Packed``) packs: the head at each
+        sequence's last real token (``packed.last_index``), equal to ``__call__`` on the padded rows."""
+        from jaxppo.models.packing import gather
+
+        h = self.model.packed(packed.ids, packed.segment_ids, packed.positions)
+        return self.score_head(gather(h, packed.last_index))

@@ -251,6 +251,25 @@ class Transformer(nnx.Module):
         x, _ = self.layers(self._embed(input_ids), cos, sin, allowed, lora_key=lora_key)
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
+    def packed(self, ids: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
+               lora_key: jax.Array | None = None) -> jax.Array:
+        """Hidden states [N, L, D] (compute dtype, final-normed) of packed rows (``jaxppo.models.packing``).
+
+        ``ids``, ``segment_ids`` (0 = padding, 1.. one per sequence), ``positions`` (rotary, from 0 in each
+        sequence) are [N, L]. Query slot ``i`` attends to key slot ``j`` iff ``seg_i = seg_j > 0`` and ``j <= i``
+        (``i - j < w`` with a sliding window ``w``): causal inside a sequence, never across. Each sequence's hidden
+        states equal those of its padded row (``__call__``) when its tokens sit in consecutive slots.
+        ``lora_key``: adapter dropout (``DecoderLayers.__call__``; masks drawn for the packed layout).
+        """
+        ids = jnp.asarray(ids)
+        _mask_or_ones(ids, segment_ids)
+        seg = jnp.asarray(segment_ids).astype(jnp.int32)
+        cos, sin = rope_cos_sin(jnp.asarray(positions), jnp.asarray(self.config.inv_freq()))
+        slots = jnp.arange(ids.shape[1])
+        allowed = attention_allowed(slots, slots, seg > 0, self.config.sliding_window, segment_ids=seg)
+        x, _ = self.layers(self._embed(ids), cos, sin, allowed, lora_key=lora_key)
+        return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
+
     def shared_prefix(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
                       response_mask: jax.Array, *, lora_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Hidden states of ``n`` continuations of each prompt with the prompt run once.
@@ -385,6 +404,17 @@ class CausalLM(nnx.Module):
         h = self.model(ids, mask, lora_key=lora_key)[:, p - 1:p + r - 1]
         return _token_logprobs(self.logits_from_hidden(h), response_ids, response_mask)
 
+    def packed_logprobs(self, packed, response_ids: jax.Array, response_mask: jax.Array, *,
+                        lora_key: jax.Array | None = None) -> jax.Array:
+        """``continuation_logprobs`` [B, R] of the batch that ``packed`` (``jaxppo.models.packing.Packed``) packs:
+        the trunk runs on the packed rows (``Transformer.packed``), the head only on the ``B·R`` slots
+        ``packed.response_index`` that predict response tokens; 0 where ``response_mask`` is 0."""
+        from jaxppo.models.packing import gather
+
+        h = self.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
+        h = gather(h, packed.response_index, response_mask)
+        return _token_logprobs(self.logits_from_hidden(h), response_ids, response_mask)
+
     def shared_prefix_logprobs(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
                                response_mask: jax.Array) -> jax.Array:
         """``log π(y_t | x, y_<t)`` [G, n, R] of ``n`` responses per prompt (``response_ids`` [G, n, R]), equal to
@@ -416,6 +446,13 @@ def continuation_logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids
     passes share one compiled program per (model structure, shapes).
     """
     return nnx.merge(graphdef, state).continuation_logprobs(prompt_ids, prompt_mask, response_ids, response_mask)
+
+
+@partial(jax.jit, static_argnums=0)
+def packed_logprobs(graphdef, state, packed, response_ids, response_mask) -> jax.Array:
+    """Jitted ``nnx.merge(graphdef, state).packed_logprobs(...)`` (:meth:`CausalLM.packed_logprobs`): one program per
+    (model structure, packed shape, response shape)."""
+    return nnx.merge(graphdef, state).packed_logprobs(packed, response_ids, response_mask)
 
 
 def _token_logprobs(z: jax.Array, ids: jax.Array, mask: jax.Array) -> jax.Array:

@@ -29,6 +29,7 @@ from flax import nnx
 
 from jaxppo.data.pipeline import load_preference_arrays, split_by_group
 from jaxppo.data.report import DataReport
+from jaxppo.models.packing import ProgramLog
 from jaxppo.parallel.host import host_scalar, is_main_process
 from jaxppo.rewards.model_io import save_reward_model
 
@@ -58,11 +59,25 @@ def pair_inputs(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
 
 
 def pair_scores(model: Callable, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """``(r_chosen [B], r_rejected [B])`` in one forward pass."""
+    """``(r_chosen [B], r_rejected [B])`` in one forward pass: of the ``[2B, P+R]`` stack (:func:`pair_inputs`),
+    or of its packed rows when ``batch`` has ``"packed"`` (:func:`pack_pairs`; ``RewardModel.packed``)."""
+    b = batch["prompt_ids"].shape[0]
+    if "packed" in batch:
+        r = model.packed(batch["packed"])
+        return r[:b], r[b:]
     ids, mask = pair_inputs(batch)
     r = model(ids, mask)
-    b = batch["prompt_ids"].shape[0]
     return r[:b], r[b:]
+
+
+def pack_pairs(batch: dict[str, np.ndarray], multiple_of: int = 1):
+    """The packed layout (``jaxppo.models.packing.pack``) of a host batch's ``[2B]`` stack, chosen then rejected
+    (the sequences of :func:`pair_inputs`)."""
+    from jaxppo.models.packing import pack
+
+    cat = lambda a, b: np.concatenate([np.asarray(batch[a]), np.asarray(batch[b])])  # noqa: E731
+    return pack(cat("prompt_ids", "prompt_ids"), cat("prompt_mask", "prompt_mask"), cat("chosen_ids", "rejected_ids"),
+                cat("chosen_mask", "rejected_mask"), multiple_of=multiple_of)
 
 
 def reward_optim(reward_cfg: Any, total_steps: int) -> Any:
@@ -105,8 +120,11 @@ def make_train_step(graphdef: Any, tx: optax.GradientTransformation, schedule: o
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def iterate_batches(arrays: dict[str, np.ndarray], rows: np.ndarray, batch_size: int):
-    """Batches of ``batch_size`` rows (the last one padded with weight-0 copies of row ``rows[0]``)."""
+def iterate_batches(arrays: dict[str, np.ndarray], rows: np.ndarray, batch_size: int, packing: bool = False,
+                    programs=None):
+    """Batches of ``batch_size`` rows (the last one padded with weight-0 copies of row ``rows[0]``); ``packing``:
+    each with its packed pairs under ``"packed"`` (:func:`pack_pairs`; ``programs``, a ``packing.ProgramLog``,
+    records their shapes)."""
     keys = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask")
     for s in range(0, len(rows), batch_size):
         idx = rows[s:s + batch_size]
@@ -114,6 +132,10 @@ def iterate_batches(arrays: dict[str, np.ndarray], rows: np.ndarray, batch_size:
         pad = np.concatenate([idx, np.full(batch_size - n, rows[0], dtype=idx.dtype)])
         batch = {k: arrays[k][pad] for k in keys}
         batch["weight"] = (np.arange(batch_size) < n).astype(np.float32)
+        if packing:
+            batch["packed"] = pack_pairs(batch)
+            if programs is not None:
+                programs.add(batch["packed"])
         yield batch
 
 
@@ -131,13 +153,13 @@ def make_eval_step(graphdef: Any):
 
 
 def evaluate(eval_step: Callable, params: Any, arrays: dict[str, np.ndarray], rows: np.ndarray,
-             batch_size: int) -> dict[str, float]:
+             batch_size: int, packing: bool = False) -> dict[str, float]:
     """Held-out ``loss``, ``accuracy`` and ``margin`` over ``rows`` (each pair counted once);
-    ``eval_step`` from :func:`make_eval_step`."""
+    ``eval_step`` from :func:`make_eval_step`; ``packing``: packed batches (:func:`iterate_batches`)."""
     if len(rows) == 0:
         return {"loss": float("nan"), "accuracy": float("nan"), "margin": float("nan")}
     tot, n = {}, 0.0
-    for batch in iterate_batches(arrays, rows, min(batch_size, len(rows))):
+    for batch in iterate_batches(arrays, rows, min(batch_size, len(rows)), packing):
         s, w = eval_step(params, batch)
         for k, v in s.items():
             tot[k] = tot.get(k, 0.0) + host_scalar(v)
@@ -251,7 +273,9 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     ev_bs = cfg.reward.eval_batch_size
     eval_step = make_eval_step(graphdef)
 
-    init_eval = evaluate(eval_step, params, arrays, eval_rows, ev_bs)
+    packing = cfg.data.packing
+    programs = ProgramLog()
+    init_eval = evaluate(eval_step, params, arrays, eval_rows, ev_bs, packing)
     history = []
     rng = np.random.default_rng(cfg.trainer.seed)
     t_train = time.perf_counter()
@@ -259,13 +283,13 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
     for epoch in range(cfg.reward.epochs):
         order = rng.permutation(train_rows)
         ep = {"loss": 0.0, "accuracy": 0.0}
-        for batch in iterate_batches(arrays, order, bs):
+        for batch in iterate_batches(arrays, order, bs, packing, programs):
             params, opt_state, m = step(params, opt_state, batch, np.int32(n_steps))
             n_steps += 1
             w = float(batch["weight"].sum())
             ep["loss"] += host_scalar(m["loss"]) * w
             ep["accuracy"] += host_scalar(m["accuracy"]) * w
-        ev = evaluate(eval_step, params, arrays, eval_rows, ev_bs)
+        ev = evaluate(eval_step, params, arrays, eval_rows, ev_bs, packing)
         rec = {"epoch": epoch + 1, "train/loss": ep["loss"] / len(train_rows),
                "train/accuracy": ep["accuracy"] / len(train_rows),
                **{f"eval/{k}": v for k, v in ev.items()}}
@@ -275,6 +299,8 @@ def train_reward_model(cfg: Any, *, out_dir: str | Path | None = None, progress:
         if progress:
             print(msg, flush=True)
     train_s = time.perf_counter() - t_train
+    if packing:
+        programs.log("reward-model training")
     model = nnx.merge(graphdef, params)
     last = history[-1]
     n_eval_prompts = len(set(groups[eval_rows].tolist()))

@@ -112,8 +112,10 @@ def prompt_means(values: Sequence[float] | np.ndarray, samples: int) -> np.ndarr
     return v.reshape(-1, samples).mean(axis=1)
 
 
-def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batch_size: int = 32) -> float:
-    """Perplexity of the response tokens of ``arrays`` (prompt_ids/prompt_mask/response_ids/response_mask)."""
+def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batch_size: int = 32,
+                       packing: bool = False) -> float:
+    """Perplexity of the response tokens of ``arrays`` (prompt_ids/prompt_mask/response_ids/response_mask);
+    ``packing``: packed rows (``jaxppo.data.behaviour.compute_behaviour_logprobs``)."""
     for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask"):
         if k not in arrays:
             raise KeyError(f"heldout_perplexity: arrays has no {k!r} (have {sorted(arrays)})")
@@ -123,7 +125,7 @@ def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batc
     ntok = mask.sum()
     if ntok <= 0:
         raise ValueError("heldout_perplexity: no response tokens (response_mask is all zero)")
-    lp = compute_behaviour_logprobs(model, arrays, batch_size=batch_size).astype(np.float64)
+    lp = compute_behaviour_logprobs(model, arrays, batch_size=batch_size, packing=packing).astype(np.float64)
     return float(np.exp(-(lp * mask).sum() / ntok))
 
 
@@ -146,6 +148,13 @@ def _logprobs(model: nnx.Module, graphdef, state, *arrays):
     return fn(graphdef, state, *arrays)
 
 
+def _packed_logprobs(model: nnx.Module, graphdef, state, *arrays):
+    """:func:`_logprobs` through packed rows (host arrays in; ``jaxppo.data.behaviour.packed_chunk_logprobs``)."""
+    from jaxppo.data.behaviour import batch_multiple, packed_chunk_logprobs
+
+    return packed_chunk_logprobs(graphdef, state, list(arrays), arrays[0].shape[0], batch_multiple(state))
+
+
 def _same_params(a, b) -> bool:
     """True when two parameter states are the very same arrays (evaluating the reference against itself)."""
     la, ta = jax.tree.flatten(a)
@@ -163,14 +172,15 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
                     prompt_mask: np.ndarray, reward_fn: Callable[[list[str], list[str]], np.ndarray],
                     key: jax.Array, *, max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
                     top_p: float = 1.0, eos_token_id: int | Sequence[int] | None = None, pad_token_id: int = 0,
-                    batch_size: int = 32) -> dict[str, Any]:
+                    batch_size: int = 32, packing: bool = False) -> dict[str, Any]:
     """Generate, score and measure KL on held-out prompts (left-padded ``prompt_ids`` [N, P]).
 
     Batch ``j`` samples with ``jax.random.fold_in(key, j)``; the last batch is padded with copies of
     its first row (one compiled shape) and cut. Returns ``rewards`` (np.float32 [N]), ``kl`` (float,
     k1 over all generated tokens), ``response_length`` (mean generated tokens, EOS included),
     ``responses`` (decoded with ``skip_special_tokens=True``), ``prompts`` (decoded prompts) and the
-    generated ``response_ids``/``response_mask`` (np.int32 [N, max_new_tokens]).
+    generated ``response_ids``/``response_mask`` (np.int32 [N, max_new_tokens]). ``packing``: the KL passes run on
+    packed rows (``jaxppo.data.behaviour.packed_chunk_logprobs``; the same log-probs up to float32 summation order).
     """
     from jaxppo.models import generate  # the decode loop (KV cache, jitted)
 
@@ -197,10 +207,14 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
                        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                        eos_token_id=eos_token_id, pad_token_id=pad_token_id)
         r_ids, r_mask = out.tokens, out.mask
-        pol_lp = _logprobs(model, pol_gd, pol_state, p_ids, p_mask, r_ids, r_mask)
+        lp_fn = _logprobs
+        if packing and hasattr(model, "packed_logprobs") and hasattr(ref_model, "packed_logprobs"):
+            r_ids, r_mask = to_host(r_ids).astype(np.int32), to_host(r_mask).astype(np.int32)
+            lp_fn = _packed_logprobs
+        pol_lp = lp_fn(model, pol_gd, pol_state, p_ids, p_mask, r_ids, r_mask)
         # the same function of the same arrays gives the same numbers: skip the second pass when the
         # policy is the reference itself (the "before" evaluation); its KL is then exactly 0
-        ref_lp = pol_lp if same else _logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
+        ref_lp = pol_lp if same else lp_fn(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
         num, den = _kl_sums(pol_lp, ref_lp, r_mask)
         tokens.append(to_host(r_ids)[:m])
         masks.append(to_host(r_mask)[:m])
@@ -302,7 +316,7 @@ def heldout_eval(cfg: Any, heldout: Mapping[str, np.ndarray], tokenizer: Any,
     prompt_ids, prompt_mask = heldout_eval_prompts(heldout, tc.eval_prompts, tc.eval_samples)
     gen = dict(max_new_tokens=min(ro.max_new_tokens, cfg.data.max_response_length), temperature=ro.temperature,
                top_k=ro.top_k, top_p=ro.top_p, eos_token_id=eos_token_id, pad_token_id=pad_id_of(tokenizer),
-               batch_size=ro.batch_size)
+               batch_size=ro.batch_size, packing=cfg.data.packing)
     return HeldoutEval(prompt_ids=prompt_ids, prompt_mask=prompt_mask, samples=tc.eval_samples,
                        reward_fn=reward_fn_from_config(cfg.reward) if reward_fn is None else reward_fn,
                        tokenizer=tokenizer, key=jax.random.fold_in(jax.random.PRNGKey(tc.seed), EVAL_KEY_SALT),

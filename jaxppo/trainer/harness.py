@@ -173,7 +173,8 @@ def heldout_ppl(algo: Algorithm, params: Any) -> float:
     if arr["prompt_ids"].shape[0] == 0 or np.asarray(arr["response_mask"]).sum() == 0:
         return float("nan")
     return float_from_main(heldout_perplexity(algo.run.policy(params), arr,
-                                              batch_size=algo.cfg.data.behaviour_batch_size))
+                                              batch_size=algo.cfg.data.behaviour_batch_size,
+                                              packing=algo.cfg.data.packing))
 
 
 def _meta(algo: Algorithm, guards, train_time_s: float) -> dict[str, Any]:

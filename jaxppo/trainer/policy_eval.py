@@ -140,9 +140,10 @@ def evaluate(cfg: Config, policy: str | None = None, *, devices: Sequence[Any] |
     ref_ev = ev(reference, reference)
     pol_ev = ev(pol_model, reference)
     t_gen = time.perf_counter() - t1
-    ppl_ref = heldout_perplexity(reference, heldout, batch_size=cfg.data.behaviour_batch_size)
-    ppl_pol = ppl_ref if pol_model is reference else heldout_perplexity(pol_model, heldout,
-                                                                        batch_size=cfg.data.behaviour_batch_size)
+    bs, packing = cfg.data.behaviour_batch_size, cfg.data.packing
+    ppl_ref = heldout_perplexity(reference, heldout, batch_size=bs, packing=packing)
+    ppl_pol = ppl_ref if pol_model is reference else heldout_perplexity(pol_model, heldout, batch_size=bs,
+                                                                        packing=packing)
     c = compare(ref_ev, pol_ev, ev.samples, seed=cfg.trainer.seed)
     result: dict[str, Any] = {
         "eval/reward_policy": c["reward_after"], "eval/reward_reference": c["reward_before"],

@@ -171,3 +171,10 @@ def test_removed_keys_are_named_as_removed():
             load_config(None, [key])
     with pytest.raises(ConfigError, match="did you mean 'data.max_rows'"):   # other unknown keys: as before
         load_config(None, ["data.max_row=2"])
+
+
+def test_data_packing_is_a_checked_bool_off_by_default():
+    assert load_config().data.packing is False
+    assert load_config(overrides=["data.packing=true"]).data.packing is True
+    with pytest.raises(ConfigError, match=r"data\.packing"):
+        load_config(overrides=["data.packing=sometimes"])

@@ -192,3 +192,20 @@ def test_a_quantized_base_never_reads_the_float_cache(stories, tmp_path):
     want = compute_behaviour_logprobs(q, a)
     np.testing.assert_allclose(second["behaviour_logprobs"], want, atol=1e-6)
     assert np.max(np.abs(second["behaviour_logprobs"] - first["behaviour_logprobs"])) > 1e-5
+
+
+def test_packed_pass_equals_padded_and_has_its_own_cache_key(stories, tmp_path, caplog):
+    """``packing=True``: the same log-probs on the real stories260K (5 rows in batches of 2: the last one filled
+    with dummies), one log line counting the compiled packed shapes, and a cache key of its own."""
+    path, model = stories
+    a = _arrays(PROMPTS + PROMPTS[:2], RESPONSES + RESPONSES[1:3])
+    padded = compute_behaviour_logprobs(model, a, batch_size=2)
+    with caplog.at_level("INFO", logger="jaxppo.packing"):
+        packed = compute_behaviour_logprobs(model, a, batch_size=2, packing=True)
+    np.testing.assert_allclose(packed, padded, atol=1e-5, rtol=1e-5)
+    assert (packed[a["response_mask"] == 0] == 0).all()
+    assert any("behaviour log-prob pass: packed into" in r.getMessage() for r in caplog.records)
+    fp = model_fingerprint(path)
+    assert cache_key(fp, a) == cache_key(fp, a, packing=False) != cache_key(fp, a, packing=True)
+    out = fill_behaviour_logprobs(a, model_path=path, model=model, cache_dir=tmp_path, batch_size=2, packing=True)
+    np.testing.assert_allclose(out["behaviour_logprobs"], padded, atol=1e-5, rtol=1e-5)

@@ -189,6 +189,19 @@ def test_evaluate_policy_rewards_kl_and_lengths():
     assert out["kl"] == pytest.approx(num / lengths.sum(), rel=1e-3, abs=1e-5)
 
 
+def test_evaluate_policy_packed_kl_equals_padded():
+    """``packing=True`` (``data.packing``): the same samples (the same key) and the same KL through packed rows."""
+    pol, ref = _tiny(0), _tiny(1)
+    arr = _arrays(29, seed=5)
+    rf = lambda prompts, responses: np.zeros(len(responses), np.float32)  # noqa: E731
+    kw = dict(max_new_tokens=6, temperature=1.0, eos_token_id=2, pad_token_id=0, batch_size=3)
+    a = evaluate_policy(pol, ref, CharTokenizer(), arr["prompt_ids"], arr["prompt_mask"], rf, jax.random.key(0), **kw)
+    b = evaluate_policy(pol, ref, CharTokenizer(), arr["prompt_ids"], arr["prompt_mask"], rf, jax.random.key(0),
+                        packing=True, **kw)
+    np.testing.assert_array_equal(b["response_ids"], a["response_ids"])
+    assert a["kl"] != 0.0 and b["kl"] == pytest.approx(a["kl"], rel=1e-5, abs=1e-6)
+
+
 def test_evaluate_policy_kl_zero_against_itself_and_greedy_batch_invariance():
     pol = _tiny(0)
     arr = _arrays(29, seed=7)
@@ -327,7 +340,7 @@ def test_heldout_eval_is_evaluate_policy_with_the_config(monkeypatch):
     assert ev.available and ev.samples == 3 and ev.seed == 4
     np.testing.assert_array_equal(ev.prompt_ids[:, 0], [0, 0, 0, 2, 2, 2])
     assert dict(ev.gen) == dict(max_new_tokens=7, temperature=0.5, top_k=3, top_p=1.0, eos_token_id=(2, 3),
-                                pad_token_id=0, batch_size=5)
+                                pad_token_id=0, batch_size=5, packing=False)   # data.packing's default
     np.testing.assert_array_equal(jax.random.key_data(ev.key) if jnp.issubdtype(ev.key.dtype, jax.dtypes.prng_key)
                                   else ev.key, jax.random.fold_in(jax.random.PRNGKey(4), EVAL_KEY_SALT))
     from jaxppo.rewards import length_reward

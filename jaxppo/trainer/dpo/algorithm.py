@@ -136,7 +136,7 @@ def pair_prompts(cfg: Any, tokenizer: Any) -> tuple[list[Any], list[Any], int]:
 
 
 def reference_logps(arrays: dict[str, np.ndarray], *, model_path: str, model: Any, cache_dir: Any,
-                    batch_size: int, report: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                    batch_size: int, report: Any = None, packing: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Summed reference log-probs ``(chosen [N], rejected [N])`` via the cached behaviour log-prob pass
     (``jaxppo.data.behaviour.fill_behaviour_logprobs`` on the ``[2N]`` stack chosen-then-rejected)."""
     from jaxppo.data.behaviour import fill_behaviour_logprobs
@@ -149,7 +149,7 @@ def reference_logps(arrays: dict[str, np.ndarray], *, model_path: str, model: An
     stack["behaviour_logprobs"] = np.zeros(stack["response_ids"].shape, np.float32)
     stack["has_behaviour"] = np.zeros(2 * n, bool)
     out = fill_behaviour_logprobs(stack, model_path=model_path, model=model, cache_dir=cache_dir,
-                                  batch_size=batch_size, report=report)
+                                  batch_size=batch_size, report=report, packing=packing)
     sums = (out["behaviour_logprobs"] * stack["response_mask"]).sum(axis=1).astype(np.float32)
     return sums[:n], sums[n:]
 
@@ -184,7 +184,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     cache_dir = cfg.data.cache_dir if cfg.data.cache_dir is not None else default_cache_dir(cfg.data.path)
     arrays["ref_chosen"], arrays["ref_rejected"] = reference_logps(
         arrays, model_path=model_path, model=model, cache_dir=cache_dir, batch_size=cfg.data.behaviour_batch_size,
-        report=report)
+        report=report, packing=cfg.data.packing)
     arrays["group_id"] = group
     train_rows, eval_rows = split_pairs(group, cfg.data)
     check_rows(report, len(train_rows), len(eval_rows), min_train=cfg.dpo.batch_size, min_train_key="dpo.batch_size",

@@ -22,6 +22,7 @@ from flax import nnx
 
 from jaxppo import ops
 from jaxppo.models.adapters import merge_with_base, trunk_of
+from jaxppo.models.packing import gather
 from jaxppo.ops.logits import entropy_metric_from_logits
 from jaxppo.trainer.ppo.buffer_types import TokenFields
 
@@ -39,10 +40,19 @@ def response_positions(x: jax.Array, prompt_len: int, response_len: int) -> jax.
     return x[:, prompt_len - 1:prompt_len + response_len - 1]
 
 
-def response_hidden(trunk, batch: TokenFields, *, group_size: int = 1, lora_key=None) -> jax.Array:
+def response_hidden(trunk, batch: TokenFields, *, group_size: int = 1, lora_key=None, packed=None) -> jax.Array:
     """``h [B,R,D]``: the final-normed hidden states of the trunk (a ``Transformer``) at the positions that predict
     the response tokens. ``group_size = n > 1``: ``B = G·n`` rows, ``n`` consecutive rows per prompt, each prompt
-    through the trunk once (module docstring); the result equals the row layout's."""
+    through the trunk once (module docstring); the result equals the row layout's.
+
+    ``packed``: the batch's packed layout (``jaxppo.models.packing.pack_batch(batch)``): the trunk runs on the packed
+    rows (``Transformer.packed``) and ``h`` is gathered at ``packed.response_index``; equal to the row layout's where
+    ``response_mask`` is 1, and 0 elsewhere (the row layout has the hidden states of padding slots there)."""
+    if packed is not None:
+        if int(group_size) != 1:
+            raise ValueError("response_hidden: packed batches are not combined with group_size > 1")
+        h = trunk.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
+        return gather(h, packed.response_index, batch.response_mask)
     n = int(group_size)
     if n == 1:
         ids, mask, p, r = _ids_mask(batch)
@@ -61,35 +71,37 @@ def response_hidden(trunk, batch: TokenFields, *, group_size: int = 1, lora_key=
 
 
 def response_logits(actor_gd, actor_params, batch: TokenFields, *, base=None, lora_key=None,
-                    group_size: int = 1) -> jax.Array:
+                    group_size: int = 1, packed=None) -> jax.Array:
     """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params`` (with adapters: the
-    trainable part, ``base`` the frozen one; ``jaxppo.models.adapters``)."""
+    trainable part, ``base`` the frozen one; ``jaxppo.models.adapters``). ``packed``: ``response_hidden``."""
     actor = merge_with_base(actor_gd, actor_params, base)
-    h = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key)
+    h = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key, packed=packed)
     return actor.logits_from_hidden(h).astype(jnp.float32)
 
 
 def response_values(critic_gd, critic_params, batch: TokenFields, *, base=None, lora_key=None,
-                    group_size: int = 1) -> jax.Array:
+                    group_size: int = 1, packed=None) -> jax.Array:
     """``values [B,R] f32`` of a separate critic (``ValueModel``) at the response positions; with adapters
-    ``base`` is the actor's frozen base, whose trunk the critic shares (``adapters.trunk_of``)."""
+    ``base`` is the actor's frozen base, whose trunk the critic shares (``adapters.trunk_of``). ``packed``:
+    ``response_hidden`` (the values of padding slots are then the head's bias)."""
     critic = merge_with_base(critic_gd, critic_params, None if base is None else trunk_of(base))
-    h = response_hidden(critic.model, batch, group_size=group_size, lora_key=lora_key)
+    h = response_hidden(critic.model, batch, group_size=group_size, lora_key=lora_key, packed=packed)
     return critic.value_head(h).astype(jnp.float32)
 
 
 def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
                            share_trunk: bool, base=None, lora_key=None,
-                           group_size: int = 1) -> tuple[jax.Array, jax.Array]:
+                           group_size: int = 1, packed=None) -> tuple[jax.Array, jax.Array]:
     """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``batch`` (``lora_key`` only with
-    ``share_trunk``: one trunk pass, whose adapter dropout the value head sees too)."""
+    ``share_trunk``: one trunk pass, whose adapter dropout the value head sees too; ``packed``:
+    ``response_hidden``)."""
     if not share_trunk:
         if lora_key is not None:
             raise ValueError("response_logits_values: lora_key with separate models; give each model its own key")
-        return (response_logits(actor_gd, actor_params, batch, base=base, group_size=group_size),
-                response_values(critic_gd, critic_params, batch, base=base, group_size=group_size))
+        return (response_logits(actor_gd, actor_params, batch, base=base, group_size=group_size, packed=packed),
+                response_values(critic_gd, critic_params, batch, base=base, group_size=group_size, packed=packed))
     actor = merge_with_base(actor_gd, actor_params, base)
-    h_r = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key)
+    h_r = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key, packed=packed)
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
     values = nnx.merge(critic_gd, critic_params)(h_r)
     return logits, values.astype(jnp.float32)

