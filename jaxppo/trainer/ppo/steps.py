@@ -54,16 +54,21 @@ above 0.1 (non-negligible contribution to the gradient).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.ops.masked import masked_var
 from jaxppo.models.lora_dropout import DROPOUT_STREAM
+from jaxppo.models.packing import Packed, row_budgets
+from jaxppo.parallel import batch_divisor
 from jaxppo.optim import lr_schedule, set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
 from jaxppo.trainer.micro import group_micro_order, micro_grads, strided_merge
@@ -76,10 +81,13 @@ from jaxppo.trainer.ppo.forward import (
 )
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 from jaxppo.trainer.ppo.prepare import td_residuals
+from jaxppo.trainer.ppo.update_packing import TOKEN_FIELDS, plan_micro_batches
 from jaxppo.trainer.ppo.state import TrainState
 from jaxppo.trainer.ppo.policy_losses import POLICY_LOSSES
 from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
 from jaxppo.trainer.with_base import jit_step
+
+logger = logging.getLogger("jaxppo.trainer")
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
 
@@ -255,7 +263,8 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     n = hp.replay.group_size      # > 1: the minibatch is whole prompt groups, each prompt through the trunk once
 
     def actor_loss(params, batch, w, counts, key=None):
-        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key, group_size=n)
+        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key, group_size=n,
+                                 packed=batch.packed)
         la, aux = actor_terms(hp, logits, batch, w, counts)
         return la, (_f32({**aux, "_loss": la}), None)
 
@@ -264,7 +273,8 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     if c.share_trunk:
         def joint(params, batch, w, counts, key=None):
             logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], batch.data,
-                                                    share_trunk=True, base=base, lora_key=key, group_size=n)
+                                                    share_trunk=True, base=base, lora_key=key, group_size=n,
+                                                    packed=batch.packed)
             la, aux_a = actor_terms(hp, logits, batch, w, counts)
             vf, aux_c, prio = critic_terms(hp, values, batch, w, counts)
             total = la + c.vf_coef * vf
@@ -273,7 +283,7 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
 
     def critic_loss(params, batch, w, counts, key=None):
         vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data, base=base, lora_key=key,
-                                                         group_size=n), batch, w, counts)
+                                                         group_size=n, packed=batch.packed), batch, w, counts)
         lc = c.vf_coef * vf
         return lc, (_f32({**aux, "_loss": lc}), prio)
 
@@ -350,7 +360,7 @@ _GRAD_NORM_KEYS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTransformation,
                     critic_tx: optax.GradientTransformation | None, *, state_shardings=None, mesh=None,
-                    hp: StepHP | None = None, base=None):
+                    hp: StepHP | None = None, base=None, packed: bool = False):
     """The jitted step ``state -> (state, metrics)`` (donated state; explicit shardings with a mesh).
 
     ``cfg`` gives only the LR schedules (``actor.optim`` / ``critic.optim``, ``trainer.total_steps``); everything
@@ -358,6 +368,11 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     phase, no ``critic/*`` metrics, ``state.critic`` stays None. With adapters, ``base`` is the frozen base
     (``jaxppo.models.adapters``): the jitted function takes it as a second, non-donated argument and the
     returned callable (:class:`WithBase`) binds it, so callers still call ``step(state)``.
+
+    ``packed``: the step is ``step(state, plan)`` with ``plan`` the packed layout of the minibatch it draws
+    (:func:`jaxppo.trainer.ppo.update_packing.plan_micro_batches` of the token fields that :func:`make_draw_tokens`
+    returns for the same state); the trunk then runs on the packed rows, the losses and metrics are those of the
+    padded layout.
     """
     hp = step_hparams(cfg) if hp is None else hp
     rh, pf = hp.replay, hp.pf
@@ -370,18 +385,12 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
     kc = cfg.algorithm.kl_ctrl
     drop_rate = float(cfg.model.lora.dropout) if int(cfg.model.lora.rank) > 0 else 0.0
-    group_perm = group_micro_order(B, rh.group_size, n_micro)
 
-    def step(state: TrainState, frozen=None):
+    def step_with(state: TrainState, plan, frozen):
         phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
                   for ph in make_phases(hp, actor_gd, critic_gd, frozen)]
-        key = jax.random.fold_in(state.rng, state.step)
-        k_sample, k_pf = jax.random.split(key)
-        beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if prioritized else jnp.float32(0.0)
-        smp = replay_lib.sample(state.replay, k_sample, B, beta=beta, group_size=rh.group_size)
-        if group_perm is not None:   # whole groups inside every strided micro-batch (group_micro_order)
-            smp = jax.tree.map(lambda x: x[group_perm], smp)
-        batch: BufferItem = smp.items
+        key, k_pf, beta, smp = draw_minibatch(hp, state)
+        batch: BufferItem = smp.items.replace(packed=plan)
         idx = smp.indices
         if prioritized:
             w = filtered_weights(state.replay, smp, state.replay.storage.data.filter_w, beta)
@@ -454,4 +463,95 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return new, metrics
 
-    return jit_step(step, state_shardings, mesh, base, out_scalars=True)
+    if not packed:
+        def step(state: TrainState, frozen=None):
+            return step_with(state, None, frozen)
+
+        return jit_step(step, state_shardings, mesh, base, out_scalars=True)
+
+    if rh.group_size > 1:
+        raise ValueError("make_train_step: packed minibatches are not combined with replay.group_size > 1")
+
+    def packed_step(state: TrainState, plan, frozen=None):
+        return step_with(state, plan, frozen)
+
+    plan_shardings = None
+    if state_shardings is not None and mesh is not None:
+        from jaxppo.parallel import batch_sharding
+
+        plan_shardings = Packed(*(batch_sharding(mesh, 1 if f == "last_index" else 2) for f in Packed._fields))
+    jitted = jit_step(packed_step, state_shardings, mesh, base, out_scalars=True,
+                      **({} if plan_shardings is None else {"batch_shardings": plan_shardings}))
+    return PackedStep(jitted, make_draw_tokens(hp, mesh), B, n_micro,
+                      multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=plan_shardings)
+
+
+class PackedStep:
+    """``step(state) -> (state, metrics)`` of a packed update (``make_train_step(..., packed=True)``): the jitted
+    ``draw`` gives the token fields of the minibatch the step will draw from ``state``, the host plans their packed
+    layout (:func:`jaxppo.trainer.ppo.update_packing.plan_micro_batches`: one budget of at most ``buckets`` per
+    micro-batch size), and the jitted update runs on ``(state, plan)``. ``programs`` holds the plan shapes seen
+    (one compiled update each). ``lower(state)`` lowers the update with the largest plan (the memory plan's)."""
+
+    def __init__(self, jitted, draw, mini_batch: int, n_micro: int, *, multiple_of: int = 1, shardings=None,
+                 buckets: int = 8):
+        self.jitted, self.draw, self.mini_batch, self.n_micro = jitted, draw, mini_batch, n_micro
+        self.multiple_of, self.shardings, self.buckets = multiple_of, shardings, buckets
+        self.programs: set[tuple[int, ...]] = set()
+
+    def plan(self, state) -> Packed:
+        fields = {k: np.asarray(v.addressable_data(0)) for k, v in self.draw(state).items()}
+        return plan_micro_batches(fields, self.n_micro, multiple_of=self.multiple_of, buckets=self.buckets)
+
+    def _place(self, plan: Packed):
+        if self.shardings is None:
+            return plan
+        return Packed(*(jax.make_array_from_callback(a.shape, s, lambda i, a=a: a[i])
+                        for a, s in zip(plan, self.shardings)))
+
+    def __call__(self, state):
+        plan = self.plan(state)
+        shape = tuple(plan.ids.shape)
+        if shape not in self.programs:
+            self.programs.add(shape)
+            logger.info("packed update: program %d for packed rows %s", len(self.programs), shape)
+        return self.jitted(state, self._place(plan))
+
+    def lower(self, state):
+        data = state.replay.storage.data
+        b = self.mini_batch
+        p, r = data.prompt_ids.shape[1], data.response_ids.shape[1]
+        m = b // self.n_micro
+        n_rows = row_budgets(m, self.buckets, self.multiple_of)[-1] * self.n_micro
+        shapes = Packed(ids=(n_rows, p + r), segment_ids=(n_rows, p + r), positions=(n_rows, p + r),
+                        response_index=(b, r), token_index=(b, p + r), last_index=(b,))
+        sh = self.shardings or Packed(*([None] * len(Packed._fields)))
+        plan = Packed(*(jax.ShapeDtypeStruct(s, jnp.int32, sharding=x) for s, x in zip(shapes, sh)))
+        return self.jitted.lower(state, plan)
+
+
+def draw_minibatch(hp: StepHP, state: TrainState):
+    """``(key, k_pf, beta, sample)``: the step's key ``fold_in(state.rng, state.step)``, its PF-PPO key, the PER
+    ``beta`` and the drawn minibatch (``replay.sample`` of ``hp.mini_batch`` rows; with ``replay.group_size > 1``
+    reordered so every strided micro-batch holds whole groups) — a function of the state alone."""
+    rh = hp.replay
+    key = jax.random.fold_in(state.rng, state.step)
+    k_sample, k_pf = jax.random.split(key)
+    beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if rh.prioritized else jnp.float32(0.0)
+    smp = replay_lib.sample(state.replay, k_sample, hp.mini_batch, beta=beta, group_size=rh.group_size)
+    perm = group_micro_order(hp.mini_batch, rh.group_size, hp.mini_batch // hp.micro_batch)
+    if perm is not None:   # whole groups inside every strided micro-batch (group_micro_order)
+        smp = jax.tree.map(lambda x: x[perm], smp)
+    return key, k_pf, beta, smp
+
+
+def make_draw_tokens(hp: StepHP, mesh=None):
+    """Jitted ``state -> {prompt_ids, prompt_mask, response_ids, response_mask}`` of the minibatch the step draws
+    from ``state`` (:func:`draw_minibatch`), replicated so every process reads it whole."""
+    def tokens(state):
+        data = draw_minibatch(hp, state)[3].items.data
+        return {k: getattr(data, k) for k in TOKEN_FIELDS}
+
+    if mesh is None:
+        return jax.jit(tokens)
+    return jax.jit(tokens, out_shardings=NamedSharding(mesh, PartitionSpec()))
