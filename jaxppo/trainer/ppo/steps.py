@@ -54,12 +54,10 @@ above 0.1 (non-negligible contribution to the gradient).
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -67,7 +65,6 @@ from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.ops.masked import masked_var
 from jaxppo.models.lora_dropout import DROPOUT_STREAM
-from jaxppo.models.packing import Packed, row_budgets
 from jaxppo.parallel import batch_divisor
 from jaxppo.optim import lr_schedule, set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
@@ -81,13 +78,12 @@ from jaxppo.trainer.ppo.forward import (
 )
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 from jaxppo.trainer.ppo.prepare import td_residuals
-from jaxppo.trainer.ppo.update_packing import TOKEN_FIELDS, plan_micro_batches
+from jaxppo.trainer.ppo.packed import TOKEN_FIELDS, HostPlanned, packed_shardings
 from jaxppo.trainer.ppo.state import TrainState
 from jaxppo.trainer.ppo.policy_losses import POLICY_LOSSES
 from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
 from jaxppo.trainer.with_base import jit_step
 
-logger = logging.getLogger("jaxppo.trainer")
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
 
@@ -369,10 +365,10 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     (``jaxppo.models.adapters``): the jitted function takes it as a second, non-donated argument and the
     returned callable (:class:`WithBase`) binds it, so callers still call ``step(state)``.
 
-    ``packed``: the step is ``step(state, plan)`` with ``plan`` the packed layout of the minibatch it draws
-    (:func:`jaxppo.trainer.ppo.update_packing.plan_micro_batches` of the token fields that :func:`make_draw_tokens`
-    returns for the same state); the trunk then runs on the packed rows, the losses and metrics are those of the
-    padded layout.
+    ``packed``: the jitted step is ``(state, plan)`` with ``plan`` the packed layout of the minibatch it draws
+    (:func:`jaxppo.trainer.ppo.packed.plan_pieces` of the token fields :func:`make_draw_tokens` returns for the
+    same state), wrapped in :class:`jaxppo.trainer.ppo.packed.HostPlanned` so callers still call ``step(state)``;
+    the trunk runs on the packed rows, the losses and metrics are those of the padded layout.
     """
     hp = step_hparams(cfg) if hp is None else hp
     rh, pf = hp.replay, hp.pf
@@ -475,59 +471,11 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     def packed_step(state: TrainState, plan, frozen=None):
         return step_with(state, plan, frozen)
 
-    plan_shardings = None
-    if state_shardings is not None and mesh is not None:
-        from jaxppo.parallel import batch_sharding
-
-        plan_shardings = Packed(*(batch_sharding(mesh, 1 if f == "last_index" else 2) for f in Packed._fields))
+    plan_shardings = packed_shardings(mesh) if state_shardings is not None else None
     jitted = jit_step(packed_step, state_shardings, mesh, base, out_scalars=True,
                       **({} if plan_shardings is None else {"batch_shardings": plan_shardings}))
-    return PackedStep(jitted, make_draw_tokens(hp, mesh), B, n_micro,
-                      multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=plan_shardings)
-
-
-class PackedStep:
-    """``step(state) -> (state, metrics)`` of a packed update (``make_train_step(..., packed=True)``): the jitted
-    ``draw`` gives the token fields of the minibatch the step will draw from ``state``, the host plans their packed
-    layout (:func:`jaxppo.trainer.ppo.update_packing.plan_micro_batches`: one budget of at most ``buckets`` per
-    micro-batch size), and the jitted update runs on ``(state, plan)``. ``programs`` holds the plan shapes seen
-    (one compiled update each). ``lower(state)`` lowers the update with the largest plan (the memory plan's)."""
-
-    def __init__(self, jitted, draw, mini_batch: int, n_micro: int, *, multiple_of: int = 1, shardings=None,
-                 buckets: int = 8):
-        self.jitted, self.draw, self.mini_batch, self.n_micro = jitted, draw, mini_batch, n_micro
-        self.multiple_of, self.shardings, self.buckets = multiple_of, shardings, buckets
-        self.programs: set[tuple[int, ...]] = set()
-
-    def plan(self, state) -> Packed:
-        fields = {k: np.asarray(v.addressable_data(0)) for k, v in self.draw(state).items()}
-        return plan_micro_batches(fields, self.n_micro, multiple_of=self.multiple_of, buckets=self.buckets)
-
-    def _place(self, plan: Packed):
-        if self.shardings is None:
-            return plan
-        return Packed(*(jax.make_array_from_callback(a.shape, s, lambda i, a=a: a[i])
-                        for a, s in zip(plan, self.shardings)))
-
-    def __call__(self, state):
-        plan = self.plan(state)
-        shape = tuple(plan.ids.shape)
-        if shape not in self.programs:
-            self.programs.add(shape)
-            logger.info("packed update: program %d for packed rows %s", len(self.programs), shape)
-        return self.jitted(state, self._place(plan))
-
-    def lower(self, state):
-        data = state.replay.storage.data
-        b = self.mini_batch
-        p, r = data.prompt_ids.shape[1], data.response_ids.shape[1]
-        m = b // self.n_micro
-        n_rows = row_budgets(m, self.buckets, self.multiple_of)[-1] * self.n_micro
-        shapes = Packed(ids=(n_rows, p + r), segment_ids=(n_rows, p + r), positions=(n_rows, p + r),
-                        response_index=(b, r), token_index=(b, p + r), last_index=(b,))
-        sh = self.shardings or Packed(*([None] * len(Packed._fields)))
-        plan = Packed(*(jax.ShapeDtypeStruct(s, jnp.int32, sharding=x) for s, x in zip(shapes, sh)))
-        return self.jitted.lower(state, plan)
+    return HostPlanned(jitted, make_draw_tokens(hp, mesh), B // n_micro, rows=B, name="packed update",
+                       multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=plan_shardings)
 
 
 def draw_minibatch(hp: StepHP, state: TrainState):

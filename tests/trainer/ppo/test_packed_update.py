@@ -1,5 +1,5 @@
-"""The packed update step (``data.packing``): the same minibatches, losses, metrics and parameters as the padded
-step; the host plan's layout; 1 vs 8 devices."""
+"""The packed update step and prepare pass (``data.packing``): the same minibatches, prepared arrays, losses,
+metrics and parameters as the padded ones; the host plan's layout; buffer windows; 1 vs 8 devices."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from jaxppo.models.packing import pack
 from jaxppo.trainer.micro import strided_split
 from jaxppo.trainer.ppo.build import build_run
-from jaxppo.trainer.ppo.steps import PackedStep
-from jaxppo.trainer.ppo.update_packing import plan_micro_batches
+from jaxppo.trainer.ppo.packed import HostPlanned as PackedStep
+from jaxppo.trainer.ppo.packed import plan_pieces as plan_micro_batches
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -73,6 +73,27 @@ def test_packed_update_equals_padded_for_ten_steps(make_cfg):
     _close(s0.actor, s1.actor)
     _close(s0.critic, s1.critic)
     assert 1 <= len(packed.step.programs) <= 8       # bounded compiled programs (row budgets)
+
+
+def test_packed_prepare_follows_the_buffer_windows(make_cfg):
+    """A dataset larger than the buffer: every window's prepared arrays (read after each refresh) and the metrics
+    agree with the padded run's; the prepare plan is remade when a window is loaded."""
+    from jaxppo.trainer.ppo.windows import load_window
+
+    extra = ("replay.capacity=48", "replay.refresh_every=2", "trainer.total_steps=6")
+    padded = build_run(make_cfg(*extra), devices=jax.devices()[:1])
+    packed = build_run(make_cfg(*extra, "data.packing=true"), devices=jax.devices()[:1])
+    assert len(packed.windows) > 2
+    s0, s1 = padded.state, packed.state
+    for step in range(6):
+        if step % 2 == 0:
+            s0, s1 = (r.prepare(load_window(r, s, step // 2)) for r, s in ((padded, s0), (packed, s1)))
+            _close(s0.replay.storage.prepared, s1.replay.storage.prepared)
+            _close(s0.replay.priorities, s1.replay.priorities)
+        s0, m0 = padded.step(s0)
+        s1, m1 = packed.step(s1)
+        for k, v in jax.device_get(m0).items():
+            assert float(m1[k]) == pytest.approx(float(v), **TOL), (step, k)
 
 
 def test_packed_update_with_shared_trunk_and_critic_free(make_cfg):
