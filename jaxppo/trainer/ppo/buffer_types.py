@@ -17,7 +17,7 @@ passes them to the loss terms as an explicit ``counts`` argument (``jaxppo.train
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import jax
 import numpy as np
@@ -69,10 +69,13 @@ class Prepared:
 
 @struct.dataclass
 class BufferItem:
-    """One replay row (or a batch of rows): its data and its prepared arrays."""
+    """One replay row (or a batch of rows): its data and its prepared arrays. ``packed``: the packed layout of a
+    drawn minibatch's micro-batches (``jaxppo.trainer.ppo.update_packing``), set by the update step with
+    ``data.packing``; None in the buffer."""
 
     data: Trajectories
     prepared: Prepared
+    packed: Any = None
 
 
 class TokenFields(Protocol):

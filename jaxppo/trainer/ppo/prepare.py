@@ -29,11 +29,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.replay.filtered import filtered_stored_priority
+from jaxppo.parallel import batch_divisor
 from jaxppo.trainer.micro import chunked_map
+from jaxppo.trainer.ppo.packed import TOKEN_FIELDS, HostPlanned, packed_shardings
 from jaxppo.trainer.ppo.buffer_types import BufferItem, Prepared, Tokens
 from jaxppo.trainer.ppo.forward import (
     logp_entropy,
@@ -79,7 +82,8 @@ def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Arra
                                                   group_id=group_id, agg=hp.replay.priority_agg)
 
 
-def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardings=None, base=None):
+def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardings=None, base=None,
+                    packed: bool = False):
     """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer: the buffer's
     ``BufferItem.prepared`` (``batch.Prepared``) is replaced, its ``data`` kept.
 
@@ -94,6 +98,11 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
     itself a multiple of ``n``), so the forward passes run in the update step's layout: every strided chunk holds
     whole groups (``micro.chunked_map(group_size=n)``), each group's prompt goes through the trunk once
     (``forward.response_hidden``), and the outputs come back in buffer order.
+
+    ``packed`` (``replay.group_size = 1``): the forward passes run on packed rows, one plan per chunk
+    (:func:`jaxppo.trainer.ppo.packed.plan_pieces` of the buffer's token fields, made on the host when a window is
+    loaded and reused until the next: :class:`jaxppo.trainer.ppo.packed.HostPlanned`); the outputs are the padded
+    layout's.
     """
     ah = hp.advantage
     estimator = ops.ADVANTAGE_ESTIMATORS.get(ah.estimator)
@@ -104,20 +113,23 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
 
     n = hp.replay.group_size
 
-    def prepare(state, base=None):
+    def prepare_with(state, plan, base):
         item: BufferItem = state.replay.storage
         d = item.data
 
-        def one(batch: Tokens):
+        def one(piece):
+            batch, pl = piece
             if critic is None:
-                logits, values = response_logits(actor_gd, state.actor, batch, base=base, group_size=n), None
+                logits = response_logits(actor_gd, state.actor, batch, base=base, group_size=n, packed=pl)
+                values = None
             else:
                 logits, values = response_logits_values(actor_gd, state.actor, critic_gd, state.critic, batch,
-                                                        share_trunk=share, base=base, group_size=n)
+                                                        share_trunk=share, base=base, group_size=n, packed=pl)
             logp, _ = logp_entropy(logits, batch.response_ids, batch.response_mask)
             return logp, values
 
-        prox_logp, values = chunked_map(one, Tokens.of(d), chunk, mesh=mesh, group_size=n)   # whole groups per chunk
+        # whole groups per chunk
+        prox_logp, values = chunked_map(one, (Tokens.of(d), plan), chunk, mesh=mesh, group_size=n)
         prox_logp = jax.lax.stop_gradient(prox_logp)
         m = d.response_mask.astype(jnp.float32)
         rewards = token_rewards(d.score, d.response_mask, prox_logp, d.ref_logp, kl_coef=state.kl_coef,
@@ -142,7 +154,28 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
         rs = replay_lib.set_priorities(rs, idx, stored)
         return state.replace(replay=rs)
 
-    return jit_step(prepare, state_shardings, mesh, base, out_scalars=False)
+    if not packed:
+        def prepare(state, base=None):
+            return prepare_with(state, None, base)
+
+        return jit_step(prepare, state_shardings, mesh, base, out_scalars=False)
+    if n > 1:
+        raise ValueError("make_prepare_fn: packed chunks are not combined with replay.group_size > 1")
+
+    def prepare_packed(state, plan, base=None):
+        return prepare_with(state, plan, base)
+
+    shardings = packed_shardings(mesh) if state_shardings is not None else None
+    jitted = jit_step(prepare_packed, state_shardings, mesh, base, out_scalars=False,
+                      **({} if shardings is None else {"batch_shardings": shardings}))
+
+    def tokens(state):
+        return {k: getattr(state.replay.storage.data, k) for k in TOKEN_FIELDS}
+
+    rep = {} if mesh is None else {"out_shardings": NamedSharding(mesh, PartitionSpec())}
+    return HostPlanned(jitted, jax.jit(tokens, **rep), chunk, name="packed prepare",
+                       multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=shardings,
+                       cache_key=lambda state: int(jax.device_get(state.data_cursor)))
 
 
 def pf_filter(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, int]]:

@@ -59,11 +59,13 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxppo import ops
 from jaxppo import replay as replay_lib
 from jaxppo.ops.masked import masked_var
 from jaxppo.models.lora_dropout import DROPOUT_STREAM
+from jaxppo.parallel import batch_divisor
 from jaxppo.optim import lr_schedule, set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
 from jaxppo.trainer.micro import group_micro_order, micro_grads, strided_merge
@@ -76,10 +78,12 @@ from jaxppo.trainer.ppo.forward import (
 )
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
 from jaxppo.trainer.ppo.prepare import td_residuals
+from jaxppo.trainer.ppo.packed import TOKEN_FIELDS, HostPlanned, packed_shardings
 from jaxppo.trainer.ppo.state import TrainState
 from jaxppo.trainer.ppo.policy_losses import POLICY_LOSSES
 from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
 from jaxppo.trainer.with_base import jit_step
+
 
 SAMPLE_EFFICIENCY_THRESHOLD = 0.1
 
@@ -255,7 +259,8 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     n = hp.replay.group_size      # > 1: the minibatch is whole prompt groups, each prompt through the trunk once
 
     def actor_loss(params, batch, w, counts, key=None):
-        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key, group_size=n)
+        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key, group_size=n,
+                                 packed=batch.packed)
         la, aux = actor_terms(hp, logits, batch, w, counts)
         return la, (_f32({**aux, "_loss": la}), None)
 
@@ -264,7 +269,8 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     if c.share_trunk:
         def joint(params, batch, w, counts, key=None):
             logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], batch.data,
-                                                    share_trunk=True, base=base, lora_key=key, group_size=n)
+                                                    share_trunk=True, base=base, lora_key=key, group_size=n,
+                                                    packed=batch.packed)
             la, aux_a = actor_terms(hp, logits, batch, w, counts)
             vf, aux_c, prio = critic_terms(hp, values, batch, w, counts)
             total = la + c.vf_coef * vf
@@ -273,7 +279,7 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
 
     def critic_loss(params, batch, w, counts, key=None):
         vf, aux, prio = critic_terms(hp, response_values(critic_gd, params[0], batch.data, base=base, lora_key=key,
-                                                         group_size=n), batch, w, counts)
+                                                         group_size=n, packed=batch.packed), batch, w, counts)
         lc = c.vf_coef * vf
         return lc, (_f32({**aux, "_loss": lc}), prio)
 
@@ -350,7 +356,7 @@ _GRAD_NORM_KEYS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTransformation,
                     critic_tx: optax.GradientTransformation | None, *, state_shardings=None, mesh=None,
-                    hp: StepHP | None = None, base=None):
+                    hp: StepHP | None = None, base=None, packed: bool = False):
     """The jitted step ``state -> (state, metrics)`` (donated state; explicit shardings with a mesh).
 
     ``cfg`` gives only the LR schedules (``actor.optim`` / ``critic.optim``, ``trainer.total_steps``); everything
@@ -358,6 +364,11 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     phase, no ``critic/*`` metrics, ``state.critic`` stays None. With adapters, ``base`` is the frozen base
     (``jaxppo.models.adapters``): the jitted function takes it as a second, non-donated argument and the
     returned callable (:class:`WithBase`) binds it, so callers still call ``step(state)``.
+
+    ``packed``: the jitted step is ``(state, plan)`` with ``plan`` the packed layout of the minibatch it draws
+    (:func:`jaxppo.trainer.ppo.packed.plan_pieces` of the token fields :func:`make_draw_tokens` returns for the
+    same state), wrapped in :class:`jaxppo.trainer.ppo.packed.HostPlanned` so callers still call ``step(state)``;
+    the trunk runs on the packed rows, the losses and metrics are those of the padded layout.
     """
     hp = step_hparams(cfg) if hp is None else hp
     rh, pf = hp.replay, hp.pf
@@ -370,18 +381,12 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
     kc = cfg.algorithm.kl_ctrl
     drop_rate = float(cfg.model.lora.dropout) if int(cfg.model.lora.rank) > 0 else 0.0
-    group_perm = group_micro_order(B, rh.group_size, n_micro)
 
-    def step(state: TrainState, frozen=None):
+    def step_with(state: TrainState, plan, frozen):
         phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
                   for ph in make_phases(hp, actor_gd, critic_gd, frozen)]
-        key = jax.random.fold_in(state.rng, state.step)
-        k_sample, k_pf = jax.random.split(key)
-        beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if prioritized else jnp.float32(0.0)
-        smp = replay_lib.sample(state.replay, k_sample, B, beta=beta, group_size=rh.group_size)
-        if group_perm is not None:   # whole groups inside every strided micro-batch (group_micro_order)
-            smp = jax.tree.map(lambda x: x[group_perm], smp)
-        batch: BufferItem = smp.items
+        key, k_pf, beta, smp = draw_minibatch(hp, state)
+        batch: BufferItem = smp.items.replace(packed=plan)
         idx = smp.indices
         if prioritized:
             w = filtered_weights(state.replay, smp, state.replay.storage.data.filter_w, beta)
@@ -454,4 +459,47 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
         return new, metrics
 
-    return jit_step(step, state_shardings, mesh, base, out_scalars=True)
+    if not packed:
+        def step(state: TrainState, frozen=None):
+            return step_with(state, None, frozen)
+
+        return jit_step(step, state_shardings, mesh, base, out_scalars=True)
+
+    if rh.group_size > 1:
+        raise ValueError("make_train_step: packed minibatches are not combined with replay.group_size > 1")
+
+    def packed_step(state: TrainState, plan, frozen=None):
+        return step_with(state, plan, frozen)
+
+    plan_shardings = packed_shardings(mesh) if state_shardings is not None else None
+    jitted = jit_step(packed_step, state_shardings, mesh, base, out_scalars=True,
+                      **({} if plan_shardings is None else {"batch_shardings": plan_shardings}))
+    return HostPlanned(jitted, make_draw_tokens(hp, mesh), B // n_micro, rows=B, name="packed update",
+                       multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=plan_shardings)
+
+
+def draw_minibatch(hp: StepHP, state: TrainState):
+    """``(key, k_pf, beta, sample)``: the step's key ``fold_in(state.rng, state.step)``, its PF-PPO key, the PER
+    ``beta`` and the drawn minibatch (``replay.sample`` of ``hp.mini_batch`` rows; with ``replay.group_size > 1``
+    reordered so every strided micro-batch holds whole groups) — a function of the state alone."""
+    rh = hp.replay
+    key = jax.random.fold_in(state.rng, state.step)
+    k_sample, k_pf = jax.random.split(key)
+    beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if rh.prioritized else jnp.float32(0.0)
+    smp = replay_lib.sample(state.replay, k_sample, hp.mini_batch, beta=beta, group_size=rh.group_size)
+    perm = group_micro_order(hp.mini_batch, rh.group_size, hp.mini_batch // hp.micro_batch)
+    if perm is not None:   # whole groups inside every strided micro-batch (group_micro_order)
+        smp = jax.tree.map(lambda x: x[perm], smp)
+    return key, k_pf, beta, smp
+
+
+def make_draw_tokens(hp: StepHP, mesh=None):
+    """Jitted ``state -> {prompt_ids, prompt_mask, response_ids, response_mask}`` of the minibatch the step draws
+    from ``state`` (:func:`draw_minibatch`), replicated so every process reads it whole."""
+    def tokens(state):
+        data = draw_minibatch(hp, state)[3].items.data
+        return {k: getattr(data, k) for k in TOKEN_FIELDS}
+
+    if mesh is None:
+        return jax.jit(tokens)
+    return jax.jit(tokens, out_shardings=NamedSharding(mesh, PartitionSpec()))

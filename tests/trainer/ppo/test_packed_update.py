@@ -1,0 +1,119 @@
+"""The packed update step and prepare pass (``data.packing``): the same minibatches, prepared arrays, losses,
+metrics and parameters as the padded ones; the host plan's layout; buffer windows; 1 vs 8 devices."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jaxppo.models.packing import pack
+from jaxppo.trainer.micro import strided_split
+from jaxppo.trainer.ppo.build import build_run
+from jaxppo.trainer.ppo.packed import HostPlanned as PackedStep
+from jaxppo.trainer.ppo.packed import plan_pieces as plan_micro_batches
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+# metrics that are not functions of the parameters' update (identical by construction) are compared too
+TOL = dict(rel=1e-5, abs=1e-5)
+
+
+def _steps(run, n):
+    state = run.prepare(run.state)
+    out = []
+    for _ in range(n):
+        state, m = run.step(state)
+        out.append({k: float(v) for k, v in jax.device_get(m).items()})
+    return state, out
+
+
+def _close(a, b, **tol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x, np.float64), np.asarray(y, np.float64),
+                                   rtol=tol.get("rel", 1e-5), atol=tol.get("abs", 1e-5))
+
+
+def _fields(b, p, r, rng):
+    lp = rng.integers(1, p + 1, b)
+    lr = rng.integers(0, r + 1, b)
+    pm = (np.arange(p)[None] >= (p - lp)[:, None]).astype(np.int32)
+    rm = (np.arange(r)[None] < lr[:, None]).astype(np.int32)
+    return {"prompt_ids": rng.integers(3, 50, (b, p)) * pm, "prompt_mask": pm,
+            "response_ids": rng.integers(3, 50, (b, r)) * rm, "response_mask": rm}
+
+
+def test_plan_hands_each_strided_micro_batch_its_own_layout():
+    rng = np.random.default_rng(0)
+    f = _fields(12, 6, 5, rng)
+    plan = plan_micro_batches(f, 3, multiple_of=2)
+    assert plan.ids.shape[0] % 3 == 0 and (plan.ids.shape[0] // 3) % 2 == 0
+    for j in range(3):
+        own = pack(*(f[k][j::3] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")),
+                   multiple_of=2)
+        got = [np.asarray(strided_split(np.asarray(a), 3))[j] for a in plan]
+        n = own.ids.shape[0]
+        np.testing.assert_array_equal(got[0][:n], own.ids)          # the micro-batch's own rows first ...
+        assert not got[1][n:].any()                                  # ... then rows of padding only
+        for name in ("response_index", "token_index", "last_index"):
+            np.testing.assert_array_equal(got[own._fields.index(name)], getattr(own, name))
+
+
+def test_packed_update_equals_padded_for_ten_steps(make_cfg):
+    """The smoke-size run: every metric of the first 10 steps and the final parameters agree (float32, 1e-5)."""
+    padded = build_run(make_cfg("trainer.total_steps=10"), devices=jax.devices()[:1])
+    packed = build_run(make_cfg("trainer.total_steps=10", "data.packing=true"), devices=jax.devices()[:1])
+    assert isinstance(packed.step, PackedStep) and not isinstance(padded.step, PackedStep)
+    s0, m0 = _steps(padded, 10)
+    s1, m1 = _steps(packed, 10)
+    for a, b in zip(m0, m1):
+        assert set(a) == set(b)
+        for k in a:
+            assert b[k] == pytest.approx(a[k], **TOL), k
+    _close(s0.actor, s1.actor)
+    _close(s0.critic, s1.critic)
+    assert 1 <= len(packed.step.programs) <= 8       # bounded compiled programs (row budgets)
+
+
+def test_packed_prepare_follows_the_buffer_windows(make_cfg):
+    """A dataset larger than the buffer: every window's prepared arrays (read after each refresh) and the metrics
+    agree with the padded run's; the prepare plan is remade when a window is loaded."""
+    from jaxppo.trainer.ppo.windows import load_window
+
+    extra = ("replay.capacity=48", "replay.refresh_every=2", "trainer.total_steps=6")
+    padded = build_run(make_cfg(*extra), devices=jax.devices()[:1])
+    packed = build_run(make_cfg(*extra, "data.packing=true"), devices=jax.devices()[:1])
+    assert len(packed.windows) > 2
+    s0, s1 = padded.state, packed.state
+    for step in range(6):
+        if step % 2 == 0:
+            s0, s1 = (r.prepare(load_window(r, s, step // 2)) for r, s in ((padded, s0), (packed, s1)))
+            _close(s0.replay.storage.prepared, s1.replay.storage.prepared)
+            _close(s0.replay.priorities, s1.replay.priorities)
+        s0, m0 = padded.step(s0)
+        s1, m1 = packed.step(s1)
+        for k, v in jax.device_get(m0).items():
+            assert float(m1[k]) == pytest.approx(float(v), **TOL), (step, k)
+
+
+def test_packed_update_with_shared_trunk_and_critic_free(make_cfg):
+    for extra in (["critic.share_trunk=true"], ["algorithm.adv_estimator=grpo", "replay.group_size=1"]):
+        padded = build_run(make_cfg("trainer.total_steps=3", *extra), devices=jax.devices()[:1])
+        packed = build_run(make_cfg("trainer.total_steps=3", "data.packing=true", *extra), devices=jax.devices()[:1])
+        _, m0 = _steps(padded, 3)
+        _, m1 = _steps(packed, 3)
+        for a, b in zip(m0, m1):
+            for k in a:
+                assert b[k] == pytest.approx(a[k], **TOL), (extra, k)
+
+
+def test_packed_update_one_and_eight_devices_agree(make_cfg):
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 (simulated) devices")
+    r1 = build_run(make_cfg("data.packing=true", "mesh.data=1"), devices=jax.devices()[:1])
+    r8 = build_run(make_cfg("data.packing=true", "mesh.data=2", "mesh.fsdp=4"), devices=jax.devices()[:8])
+    _, m1 = _steps(r1, 3)
+    _, m8 = _steps(r8, 3)
+    for a, b in zip(m1, m8):
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=2e-3, abs=2e-5), k
