@@ -68,21 +68,17 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def attention_allowed(q_slots: jax.Array, k_slots: jax.Array, k_valid: jax.Array,
-                      sliding_window: int | None, segment_ids: jax.Array | None = None) -> jax.Array:
+                      sliding_window: int | None) -> jax.Array:
     """Boolean [B, T, S]: key s is visible to query t iff it is a real token, not in the future
     (``k_slot ≤ q_slot``) and, with a sliding window w, ``q_slot − k_slot < w``.
 
-    ``q_slots`` [T] or [B, T], ``k_slots`` [S], ``k_valid`` [B, S]. ``segment_ids`` [B, T] (self-attention,
-    T = S; packed rows, ``jaxppo.models.packing``): additionally ``segment_ids[t] == segment_ids[s]``, so no query
-    sees another sequence's keys.
+    ``q_slots`` [T] or [B, T], ``k_slots`` [S], ``k_valid`` [B, S].
     """
     q = q_slots if q_slots.ndim == 2 else q_slots[None, :]
     diff = q[:, :, None] - k_slots[None, None, :]
     ok = (diff >= 0) & k_valid[:, None, :].astype(bool)
     if sliding_window is not None:
         ok = ok & (diff < sliding_window)
-    if segment_ids is not None:
-        ok = ok & (segment_ids[:, :, None] == segment_ids[:, None, :])
     return ok
 
 

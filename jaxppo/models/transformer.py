@@ -257,7 +257,8 @@ class Transformer(nnx.Module):
 
         ``ids``, ``segment_ids`` (0 = padding, 1.. one per sequence), ``positions`` (rotary, from 0 in each
         sequence) are [N, L]. Query slot ``i`` attends to key slot ``j`` iff ``seg_i = seg_j > 0`` and ``j <= i``
-        (``i - j < w`` with a sliding window ``w``): causal inside a sequence, never across. Each sequence's hidden
+        (``i - j < w`` with a sliding window ``w``): causal inside a sequence, never across
+        (``models.attention.SegmentMask``, run by ``model.attention``'s implementation). Each sequence's hidden
         states equal those of its padded row (``__call__``) when its tokens sit in consecutive slots.
         ``lora_key``: adapter dropout (``DecoderLayers.__call__``; masks drawn for the packed layout).
         """
@@ -265,8 +266,7 @@ class Transformer(nnx.Module):
         _mask_or_ones(ids, segment_ids)
         seg = jnp.asarray(segment_ids).astype(jnp.int32)
         cos, sin = rope_cos_sin(jnp.asarray(positions), jnp.asarray(self.config.inv_freq()))
-        slots = jnp.arange(ids.shape[1])
-        allowed = attention_allowed(slots, slots, seg > 0, self.config.sliding_window, segment_ids=seg)
+        allowed = self_attention_mask(seg, self.config.sliding_window, self.config.attention_impl(ids.shape[1]))
         x, _ = self.layers(self._embed(ids), cos, sin, allowed, lora_key=lora_key)
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 

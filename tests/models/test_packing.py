@@ -200,7 +200,7 @@ LENS = st.lists(st.tuples(st.integers(1, P), st.integers(0, R)), min_size=4, max
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(lens=LENS, seed=st.integers(0, 2 ** 16))
 def test_packed_equals_padded_jit(family, lens, seed):
     """Fixed B, P, R (few compiled programs): random lengths and tokens, rows of P+R (and 2 buckets: 2 packed
@@ -209,7 +209,7 @@ def test_packed_equals_padded_jit(family, lens, seed):
     _compare(_model(family), batch, jit=True, packed_kw=dict(buckets=2), check_pass=True)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("family", ["mistral"])
 def test_packed_equals_padded_eager(family):
     """Un-jitted (unrolled layers: an eager scan recompiles its body at every call), rows long enough to hold
     several sequences side by side (mistral: the sliding window inside a row shared by segments)."""
