@@ -266,7 +266,8 @@ class DataConfig:
     # a Jinja chat template that replaces the tokenizer's (for chat-message data and chat_template=true)
     chat_template_file: str | None = None
     behaviour_batch_size: int = field(32, ge=1)  # batch size of the behaviour log-prob pass
-    # host-built passes (behaviour/reference log-probs, held-out perplexity, reward-model train/eval) run packed rows
+    # run packed rows without padding: behaviour/reference log-probs, held-out perplexity, reward-model train/eval,
+    # the PPO prepare pass and update (replay.group_size 1)
     packing: bool = False
     collect_if_missing: bool = False  # train: run jaxppo.collect into data.path's folder when the file is missing
     # Gaussian noise (this sd) added to the training rows' scores, drawn per row from trainer.seed (data.label_noise)
