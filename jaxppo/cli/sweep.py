@@ -18,8 +18,14 @@ comparison with the baseline; see :mod:`jaxppo.sweeps.results`), ``failures.json
 ``--slurm OUT.sbatch`` writes a SLURM array job whose task i runs the i-th pending run (:mod:`jaxppo.sweeps.slurm`)
 and exits. ``--jobs N`` runs N runs side by side, the CPU cores split between them.
 
-Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others),
-2 for an invalid sweep file.
+A run that exits 75 (stopped by SIGTERM / SIGINT with its checkpoint saved, :mod:`jaxppo.trainer.preemption`) is
+recorded as ``preempted`` (``failures.json`` status, the ``status`` column of ``results.csv`` and the summary), not
+as failed; the next invocation resumes it from that checkpoint. SIGTERM / SIGINT to the sweep itself starts no new
+run and waits for the running ones (:mod:`jaxppo.sweeps.runner`).
+
+Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others), 75 when
+none failed but some were preempted or the sweep was stopped by a signal (rerun to continue), 2 for an invalid
+sweep file.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     from jaxppo.sweeps.runner import command_line, is_done, read_failures, run_sweep
+    from jaxppo.trainer.preemption import PREEMPTED_EXIT
 
     if args.slurm:
         from jaxppo.sweeps.slurm import SlurmResources, pending_runs, slurm_script
@@ -96,12 +103,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not (args.pending and is_done(r)):
                 print(command_line(spec, r))
         return 0
+    stopped = None
     if not args.results_only:
+        from jaxppo.sweeps.runner import SweepStopped
+
         try:
             run_sweep(spec, runs, jobs=args.jobs)
         except SweepError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
+        except SweepStopped as e:
+            stopped = e
     from pathlib import Path
 
     from jaxppo.sweeps.plots import plot_sweep
@@ -116,10 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [c for c in curves if c.status != "ok"]
     for c in bad:
         print(f"{c.status.upper()}: {c.variant}/seed{c.seed}: {c.error}", file=sys.stderr)
-    if bad:
+    if stopped is not None:
+        print(f"{prog}: {stopped}", file=sys.stderr)
+    failed = [c for c in bad if c.status == "failed"]
+    if failed:
         print(f"{len(bad)} of {len(curves)} runs did not finish; rerun the same command to retry them "
               f"(details in {out / 'failures.json'})", file=sys.stderr)
         return 1
+    if bad:
+        preempted = sum(c.status == "preempted" for c in bad)
+        print(f"{len(bad)} of {len(curves)} runs did not finish ({preempted} preempted with their checkpoint saved); "
+              "rerun the same command to continue them", file=sys.stderr)
+        return PREEMPTED_EXIT if stopped is not None or preempted else 1
     return 0
 
 
