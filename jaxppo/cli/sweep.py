@@ -16,7 +16,9 @@ comparison with the baseline; see :mod:`jaxppo.sweeps.results`), ``failures.json
 ``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
 
 ``--slurm OUT.sbatch`` writes a SLURM array job whose task i runs the i-th pending run (:mod:`jaxppo.sweeps.slurm`)
-and exits. ``--jobs N`` runs N runs side by side, the CPU cores split between them.
+and exits; its ``#SBATCH`` resources come from the sweep file's ``slurm:`` mapping (``partition``, ``time``,
+``gpus``, ``cpus``, ``mem``, ``max_parallel``), each overridden by its ``--slurm-*`` flag. ``--jobs N`` runs N
+runs side by side, the CPU cores split between them.
 
 A run that exits 75 (stopped by SIGTERM / SIGINT with its checkpoint saved, :mod:`jaxppo.trainer.preemption`) is
 recorded as ``preempted`` (``failures.json`` status, the ``status`` column of ``results.csv`` and the summary), not
@@ -53,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--results-only", action="store_true", help="only (re)write the tables and plots")
     ap.add_argument("--slurm", default=None, metavar="OUT.sbatch",
                     help="write a SLURM array job (task i runs the i-th pending run) and exit")
-    ap.add_argument("--slurm-time", default=None, help="with --slurm: #SBATCH --time, e.g. 02:00:00")
+    ap.add_argument("--slurm-time", default=None,
+                    help="with --slurm: #SBATCH --time, e.g. 02:00:00 (overrides the sweep file's slurm.time)")
     ap.add_argument("--slurm-cpus", type=int, default=None, help="with --slurm: #SBATCH --cpus-per-task")
     ap.add_argument("--slurm-mem", default=None, help="with --slurm: #SBATCH --mem, e.g. 16G")
     ap.add_argument("--slurm-gpus", type=int, default=None, help="with --slurm: #SBATCH --gpus-per-task")
@@ -82,11 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jaxppo.trainer.preemption import PREEMPTED_EXIT
 
     if args.slurm:
-        from jaxppo.sweeps.slurm import SlurmResources, pending_runs, slurm_script
+        from jaxppo.sweeps.slurm import pending_runs, resources, slurm_script
 
-        res = SlurmResources(time=args.slurm_time, cpus=args.slurm_cpus, mem=args.slurm_mem, gpus=args.slurm_gpus,
-                             partition=args.slurm_partition, max_parallel=args.slurm_max_parallel)
         try:
+            res = resources(spec, time=args.slurm_time, cpus=args.slurm_cpus, mem=args.slurm_mem,
+                            gpus=args.slurm_gpus, partition=args.slurm_partition,
+                            max_parallel=args.slurm_max_parallel)
             text = slurm_script(spec, runs, res)
             from pathlib import Path
 
