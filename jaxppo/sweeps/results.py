@@ -53,6 +53,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,9 +304,10 @@ def summarize(curves: Sequence[RunCurve], variants: Sequence[str], baseline: str
 
 
 def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
-    """``rows`` as CSV with a header; floats written with ``repr`` precision (NaN as ``nan``)."""
+    """``rows`` as CSV with a header; floats written with ``repr`` precision (NaN as ``nan``). Written to a file of
+    this process and renamed over ``path``, so two sweeps of one folder finishing together never mix their rows."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=list(columns), lineterminator="\n")
         w.writeheader()
