@@ -16,10 +16,18 @@ comparison with the baseline; see :mod:`jaxppo.sweeps.results`), ``failures.json
 ``plots/reward_vs_samples.png``, ``plots/reward_vs_kl.png``.
 
 ``--slurm OUT.sbatch`` writes a SLURM array job whose task i runs the i-th pending run (:mod:`jaxppo.sweeps.slurm`)
-and exits. ``--jobs N`` runs N runs side by side, the CPU cores split between them.
+and exits; its ``#SBATCH`` resources come from the sweep file's ``slurm:`` mapping (``partition``, ``time``,
+``gpus``, ``cpus``, ``mem``, ``max_parallel``), each overridden by its ``--slurm-*`` flag. ``--jobs N`` runs N
+runs side by side, the CPU cores split between them.
 
-Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others),
-2 for an invalid sweep file.
+A run that exits 75 (stopped by SIGTERM / SIGINT with its checkpoint saved, :mod:`jaxppo.trainer.preemption`) is
+recorded as ``preempted`` (``failures.json`` status, the ``status`` column of ``results.csv`` and the summary), not
+as failed; the next invocation resumes it from that checkpoint. SIGTERM / SIGINT to the sweep itself starts no new
+run and waits for the running ones (:mod:`jaxppo.sweeps.runner`).
+
+Exit status: 0 when every run finished, 1 when some failed (the tables are written with the others), 75 when
+none failed but some were preempted or the sweep was stopped by a signal (rerun to continue), 2 for an invalid
+sweep file.
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--results-only", action="store_true", help="only (re)write the tables and plots")
     ap.add_argument("--slurm", default=None, metavar="OUT.sbatch",
                     help="write a SLURM array job (task i runs the i-th pending run) and exit")
-    ap.add_argument("--slurm-time", default=None, help="with --slurm: #SBATCH --time, e.g. 02:00:00")
+    ap.add_argument("--slurm-time", default=None,
+                    help="with --slurm: #SBATCH --time, e.g. 02:00:00 (overrides the sweep file's slurm.time)")
     ap.add_argument("--slurm-cpus", type=int, default=None, help="with --slurm: #SBATCH --cpus-per-task")
     ap.add_argument("--slurm-mem", default=None, help="with --slurm: #SBATCH --mem, e.g. 16G")
     ap.add_argument("--slurm-gpus", type=int, default=None, help="with --slurm: #SBATCH --gpus-per-task")
@@ -73,13 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     from jaxppo.sweeps.runner import command_line, is_done, read_failures, run_sweep
+    from jaxppo.trainer.preemption import PREEMPTED_EXIT
 
     if args.slurm:
-        from jaxppo.sweeps.slurm import SlurmResources, pending_runs, slurm_script
+        from jaxppo.sweeps.slurm import pending_runs, resources, slurm_script
 
-        res = SlurmResources(time=args.slurm_time, cpus=args.slurm_cpus, mem=args.slurm_mem, gpus=args.slurm_gpus,
-                             partition=args.slurm_partition, max_parallel=args.slurm_max_parallel)
         try:
+            res = resources(spec, time=args.slurm_time, cpus=args.slurm_cpus, mem=args.slurm_mem,
+                            gpus=args.slurm_gpus, partition=args.slurm_partition,
+                            max_parallel=args.slurm_max_parallel)
             text = slurm_script(spec, runs, res)
             from pathlib import Path
 
@@ -96,12 +107,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not (args.pending and is_done(r)):
                 print(command_line(spec, r))
         return 0
+    stopped = None
     if not args.results_only:
+        from jaxppo.sweeps.runner import SweepStopped
+
         try:
             run_sweep(spec, runs, jobs=args.jobs)
         except SweepError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
+        except SweepStopped as e:
+            stopped = e
     from pathlib import Path
 
     from jaxppo.sweeps.plots import plot_sweep
@@ -116,10 +132,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [c for c in curves if c.status != "ok"]
     for c in bad:
         print(f"{c.status.upper()}: {c.variant}/seed{c.seed}: {c.error}", file=sys.stderr)
-    if bad:
+    if stopped is not None:
+        print(f"{prog}: {stopped}", file=sys.stderr)
+    failed = [c for c in bad if c.status == "failed"]
+    if failed:
         print(f"{len(bad)} of {len(curves)} runs did not finish; rerun the same command to retry them "
               f"(details in {out / 'failures.json'})", file=sys.stderr)
         return 1
+    if bad:
+        preempted = sum(c.status == "preempted" for c in bad)
+        print(f"{len(bad)} of {len(curves)} runs did not finish ({preempted} preempted with their checkpoint saved); "
+              "rerun the same command to continue them", file=sys.stderr)
+        return PREEMPTED_EXIT if stopped is not None or preempted else 1
     return 0
 
 

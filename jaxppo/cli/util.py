@@ -53,8 +53,25 @@ def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> N
     ``OutputDirError`` naming ``trainer.output_dir``, a user error of :func:`run_cli`).
 
     A handler added by an earlier call is replaced, so repeated calls in one process do not stack. Under several
-    processes (``launch/multihost.py``) only process 0 writes the file; the others log to stderr only.
+    processes (``launch/multihost.py``) only process 0 writes the file; the others log jaxppo's INFO records to
+    stderr instead.
+
+    Records below WARNING never reach stderr through the root logger, so the one-line error of a failed command
+    is not preceded by INFO lines: absl's logging functions call ``logging.basicConfig()`` when the root logger has
+    no handler (Orbax logs through absl when it is imported), which prints every record that reaches the root,
+    jaxppo's INFO records included. So a plain stderr handler of the root (absl's) is raised to WARNING, and when the
+    root has no handler one at WARNING is added first, so absl adds none. Other root handlers (a caller's, pytest's)
+    are left as they are.
     """
+    top = logging.getLogger()
+    for h in top.handlers:
+        if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__) and h.level < logging.WARNING:
+            h.setLevel(logging.WARNING)
+    if not top.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+        h.setLevel(logging.WARNING)
+        top.addHandler(h)
     root = logging.getLogger("jaxppo")
     root.setLevel(logging.INFO)
     for h in [h for h in root.handlers if getattr(h, "_jaxppo_cli", False)]:
@@ -65,11 +82,19 @@ def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> N
         from jaxppo.trainer.run_folder import prepare_output_dir
 
         prepare_output_dir(out_dir)
-    if out_dir is not None and (jax is None or jax.process_index() == 0):
+    # process 0, or a single process (not asked: that would start the backend of a process that has not yet)
+    first = jax is None or not jax.distributed.is_initialized() or jax.process_index() == 0
+    if out_dir is not None and first:
         h = logging.FileHandler(Path(out_dir) / name, encoding="utf-8")
         h.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        h._jaxppo_cli = True  # type: ignore[attr-defined]
-        root.addHandler(h)
+    elif not first:   # below WARNING here; the root logger's stderr handler prints the rest
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+        h.addFilter(lambda record: record.levelno < logging.WARNING)
+    else:
+        return
+    h._jaxppo_cli = True  # type: ignore[attr-defined]
+    root.addHandler(h)
 
 
 # errors that are the user's input (config values, files, data): printed as one line, exit status 2

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def plot_sweep(curves: Sequence[RunCurve], variants: Sequence[str], out_dir: str
     ax.legend(fontsize=7)
     ax.set_title(f"{title} reward vs samples".strip(), fontsize=10)
     paths.append(out / "reward_vs_samples.png")
-    fig.savefig(paths[-1], dpi=110)
+    _save(fig, paths[-1])
 
     fig = Figure(figsize=(6.4, 4.2), constrained_layout=True)
     FigureCanvasAgg(fig)
@@ -77,5 +78,13 @@ def plot_sweep(curves: Sequence[RunCurve], variants: Sequence[str], out_dir: str
     ax.legend(fontsize=7)
     ax.set_title(f"{title} reward vs KL (star: final)".strip(), fontsize=10)
     paths.append(out / "reward_vs_kl.png")
-    fig.savefig(paths[-1], dpi=110)
+    _save(fig, paths[-1])
     return paths
+
+
+def _save(fig, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, written to a file of this process and renamed over ``path`` (two sweeps of one
+    folder may write their plots at once)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, dpi=110, format="png")
+    os.replace(tmp, path)

@@ -23,7 +23,8 @@ Curves. For a finished run with batch size ``B`` (trajectories, or DPO pairs, pe
   otherwise marked ``wall`` in ``estimated``. DPO logs ``train/tokens_consumed`` (chosen + rejected answer
   tokens) like PPO.
 
-A failed run is one row with ``status=failed`` and its error; an unfinished one ``status=missing``.
+A failed run is one row with ``status=failed`` and its error; a run stopped by a signal with its checkpoint saved
+(``failures.json`` status ``preempted``) ``status=preempted``; an unfinished one ``status=missing``.
 
 Summary per variant over its finished seeds (curves ``y_k(x)`` on the shared grid ``x_0 < ... < x_m = budget``):
 
@@ -52,6 +53,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +82,7 @@ METRICS = {"train": "eval/reward_mean", "dpo": "eval/rewards/accuracies"}
 class RunCurve:
     variant: str
     seed: int
-    status: str  # ok | failed | missing
+    status: str  # ok | failed | preempted | missing
     error: str = ""
     steps: list[int] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
@@ -110,9 +112,10 @@ def read_run(run_dir: Path, variant: str, seed: int, batch_size: int, tokens_per
     summ = run_dir / "summary.json"
     if not summ.is_file():
         if failure is not None:
-            err = failure.get("error", "failed")
+            status = "preempted" if failure.get("status") == "preempted" else "failed"
+            err = failure.get("error", status)
             tail = [ln for ln in str(failure.get("stderr_tail", "")).splitlines() if ln.strip()]
-            return RunCurve(variant, seed, "failed", f"{err}: {tail[-1]}" if tail else err)
+            return RunCurve(variant, seed, status, f"{err}: {tail[-1]}" if tail else err)
         return RunCurve(variant, seed, "missing", "not run yet")
     summary = json.loads(summ.read_text(encoding="utf-8"))
     if command == "train":
@@ -301,9 +304,10 @@ def summarize(curves: Sequence[RunCurve], variants: Sequence[str], baseline: str
 
 
 def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
-    """``rows`` as CSV with a header; floats written with ``repr`` precision (NaN as ``nan``)."""
+    """``rows`` as CSV with a header; floats written with ``repr`` precision (NaN as ``nan``). Written to a file of
+    this process and renamed over ``path``, so two sweeps of one folder finishing together never mix their rows."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=list(columns), lineterminator="\n")
         w.writeheader()

@@ -9,7 +9,14 @@
   finishes the same table.
 - Each run's stdout/stderr are appended to ``<run>/sweep_stdout.log`` / ``sweep_stderr.log``. A run that
   exits non-zero does not stop the sweep: it is recorded in ``<sweep>/failures.json`` (return code, the
-  tail of its stderr, the command) and retried on the next invocation; a success removes its entry.
+  tail of its stderr, the command, ``status``) and retried on the next invocation; a success removes its entry.
+  A run that exits with ``PREEMPTED_EXIT`` (75: stopped by a signal after saving its checkpoint,
+  :mod:`jaxppo.trainer.preemption`) is recorded with ``status: "preempted"`` (any other non-zero exit:
+  ``"failed"``); the next invocation continues it from that checkpoint (``trainer.resume=auto``).
+- SIGTERM / SIGINT to the sweep process: no new run starts; the running runs are waited for (a signal sent to
+  the process group, as Ctrl-C, ``kill -TERM -PGID`` and SLURM do, reaches them too: they save and exit 75), each
+  is recorded, and :func:`run_sweep` raises :class:`SweepStopped`. A second signal passes SIGTERM on to the running
+  runs (which abort at once if they were signalled already).
 - ``JAX_COMPILATION_CACHE_DIR`` is set to ``<sweep>/xla_cache`` unless the environment already sets one,
   so runs of the same shapes compile once; for a sweep under the committed ``results/`` folder that cache is the
   same path under the git-ignored ``runs/`` instead (:func:`scratch_path`: ``results/`` holds records only).
@@ -31,20 +38,33 @@ import functools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jaxppo.trainer.run_folder import RunFolderBusy, RunLock
 from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec
+from jaxppo.trainer.preemption import PREEMPTED_EXIT
+from jaxppo.trainer.run_folder import RunFolderBusy, RunLock
 
 FAILURES_FILE = "failures.json"
 CLAIM_FILE = ".sweep-claim.lock"
 STDOUT_LOG = "sweep_stdout.log"
 STDERR_LOG = "sweep_stderr.log"
 TAIL_CHARS = 4000
+
+
+class SweepStopped(Exception):
+    """The sweep stopped on a signal (``signame``) before every run was done; ``preempted``: the keys of the runs
+    that were stopped with their checkpoint saved (exit 75), ``not_started``: the keys of the runs it did not
+    start."""
+
+    def __init__(self, signame: str, preempted: Sequence[str], not_started: Sequence[str]):
+        self.signame, self.preempted, self.not_started = signame, list(preempted), list(not_started)
+        super().__init__(f"stopped by {signame}: {len(self.preempted)} run(s) preempted with their checkpoint saved, "
+                         f"{len(self.not_started)} not started; rerun the same command to continue")
 
 
 def is_done(run: RunSpec) -> bool:
@@ -233,7 +253,9 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
               env: dict | None = None, cwd: str | Path | None = None,
               argv_for: Callable[[RunSpec], list[str]] | None = None,
               log: Callable[[str], None] = print) -> dict[str, dict]:
-    """Run every run that is not done, at most ``jobs`` at a time; returns the failures of this invocation.
+    """Run every run that is not done, at most ``jobs`` at a time; returns the failures of this invocation (each
+    record's ``status``: ``"failed"`` or ``"preempted"``). Raises :class:`SweepStopped` after a SIGTERM / SIGINT
+    (module doc), once the runs it started have ended and are recorded.
 
     ``argv_for(run)`` (default ``run.argv(python)``) builds each command. With ``jobs > 1`` the CPU cores are split
     between the run slots (:func:`core_slots`). With ``jobs > 1``, a first run
@@ -307,13 +329,16 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
                 _update_failures(out, run.key, None)
                 log(f"  done  {run.key} ({dt:.0f} s)")
             else:
-                why = f"exit status {rc}" if rc != 0 else "exited 0 without writing summary.json"
-                rec = {"variant": run.variant, "seed": run.seed, "returncode": rc, "error": why,
+                preempted = rc == PREEMPTED_EXIT
+                why = (f"preempted (exit status {rc}): its checkpoint is saved, the next invocation resumes it"
+                       if preempted else f"exit status {rc}" if rc != 0 else "exited 0 without writing summary.json")
+                rec = {"variant": run.variant, "seed": run.seed, "returncode": rc,
+                       "status": "preempted" if preempted else "failed", "error": why,
                        "stderr_tail": _tail(run.out_dir / STDERR_LOG), "command": shlex.join(commands[run.key]),
                        "time": time.strftime("%Y-%m-%d %H:%M:%S")}
                 new_failures[run.key] = rec
                 _update_failures(out, run.key, rec)
-                log(f"  FAILED {run.key}: {why} (see {run.out_dir / STDERR_LOG})")
+                log(f"  {'PREEMPTED' if preempted else 'FAILED'} {run.key}: {why} (see {run.out_dir / STDERR_LOG})")
         finally:
             slot_of.pop(run.key, None)
             claims.pop(run.key).release()
@@ -324,27 +349,31 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
 
     def next_claimed() -> RunSpec | None:
         """The next queued run this sweep could claim; once nothing is queued or running, the runs of other sweeps
-        in turn (waiting for each claim)."""
-        while queue:
+        in turn (waiting for each claim). None once a signal arrived."""
+        while queue and not stop.signum:
             run = queue.pop(0)
             if claim(run):
                 return run
             if not is_done(run):
                 deferred.append(run)
-        while deferred and not active:
+        while deferred and not active and not stop.signum:
             run = deferred.pop(0)
             log(f"  wait  {run.key}: for the other sweep's run to end")
             if claim(run, wait=True):
                 return run
         return None
 
+    stop = _SweepSignals(lambda: [p for _, p, _ in active]).__enter__()
     try:
         if jobs > 1 and queue and _collects(queue[0]):
             first = next_claimed()
             if first is not None:
-                r, p, t0 = start(first)
-                finish(r, p.wait(), t0)
-        while queue or active or deferred:
+                active.append(start(first))
+                r, p, t0 = active[0]
+                rc = p.wait()
+                active.pop()
+                finish(r, rc, t0)
+        while active or ((queue or deferred) and not stop.signum):
             while len(active) < jobs:
                 run = next_claimed()
                 if run is None:
@@ -353,8 +382,10 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
             if not active:
                 continue
             if jobs == 1:
-                r, p, t0 = active.pop()
-                finish(r, p.wait(), t0)
+                r, p, t0 = active[0]
+                rc = p.wait()
+                active.pop()
+                finish(r, rc, t0)
                 continue
             time.sleep(0.2)
             still = []
@@ -366,6 +397,7 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
                     finish(r, rc, t0)
             active = still
     finally:
+        stop.__exit__()
         for _, p, _ in active:  # interrupted (KeyboardInterrupt/SIGTERM): stop the children, they resume later
             if p.poll() is None:
                 p.terminate()
@@ -376,7 +408,40 @@ def run_sweep(spec: SweepSpec, runs: Sequence[RunSpec], *, jobs: int = 1, python
                 p.kill()
         for lock in claims.values():
             lock.release()
+    if stop.signum:
+        left = [r.key for r in [*queue, *deferred] if not is_done(r)]
+        preempted = [k for k, v in new_failures.items() if v["status"] == "preempted"]
+        raise SweepStopped(signal.Signals(stop.signum).name, preempted, left)
     return new_failures
+
+
+class _SweepSignals:
+    """SIGTERM / SIGINT of a sweep (module doc): the first only sets ``signum``; a second sends SIGTERM to the
+    running runs (``procs()``). Installs nothing outside the main thread."""
+
+    def __init__(self, procs: Callable[[], list[subprocess.Popen]]):
+        self.procs, self.signum, self._previous = procs, None, {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+            return
+        for p in self.procs():
+            if p.poll() is None:
+                p.terminate()
+
+    def __enter__(self) -> "_SweepSignals":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous = {}
 
 
 def core_slots(jobs: int) -> list[list[int]] | None:

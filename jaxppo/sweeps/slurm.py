@@ -5,25 +5,29 @@ pending run of the sweep (the runs without ``summary.json`` when the script is w
 order), with the same command line as ``--print-commands`` (:func:`jaxppo.sweeps.runner.command_line`), from the
 directory the script was written in. Each run writes its usual folder under the sweep's ``output_dir``, so
 ``python -m jaxppo.sweep --config F --results-only`` (or ``report``) reads the results unchanged; a task that runs
-a run another task or sweep holds fails with status 2 naming the holder (the run folder's lock). SLURM's
-preemption signal (SIGTERM) makes a run save and exit 75; ``--requeue`` in the script puts such a task back in the
-queue, and the rerun resumes (``trainer.resume=auto``).
+a run another task or sweep holds fails with status 2 naming the holder (the run folder's lock). The ``#SBATCH``
+resources come from the sweep file's ``slurm:`` mapping (:class:`jaxppo.sweeps.spec.SlurmSection`: ``partition``,
+``time``, ``gpus``, ``cpus``, ``mem``, ``max_parallel``), each overridden by its ``--slurm-*`` flag
+(:func:`resources`). SLURM's preemption signal (SIGTERM) makes a run save and exit 75; ``--requeue`` in the script
+puts such a task back in the queue, and the rerun resumes (``trainer.resume=auto``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jaxppo.sweeps.runner import command_line, is_done, seed_major
-from jaxppo.sweeps.spec import RunSpec, SweepSpec
+from jaxppo.sweeps.spec import RunSpec, SweepError, SweepSpec, slurm_value_problem
 
 
 @dataclass(frozen=True)
 class SlurmResources:
-    """``#SBATCH`` resources of every array task (None: the cluster's default)."""
+    """``#SBATCH`` resources of every array task (None: the cluster's default); :func:`resources` merges the sweep
+    file's ``slurm:`` mapping with the ``--slurm-*`` flags."""
 
     time: str | None = None            # --time, e.g. 02:00:00
     cpus: int | None = None            # --cpus-per-task
@@ -31,6 +35,24 @@ class SlurmResources:
     gpus: int | None = None            # --gpus-per-task
     partition: str | None = None       # --partition
     max_parallel: int | None = None    # the array's %N: at most N tasks at once
+
+
+def resources(spec: SweepSpec, **flags: object) -> SlurmResources:
+    """The ``#SBATCH`` resources of ``spec``'s array job: its sweep file's ``slurm:`` mapping
+    (:class:`jaxppo.sweeps.spec.SlurmSection`, checked when the file was read), each key overridden by the flag of
+    the same name in ``flags`` (``time=``, ``cpus=``, ...; None: not given). Raises ``SweepError`` naming the flag
+    (``--slurm-time``, ...) for an invalid flag value."""
+    merged = dataclasses.asdict(spec.slurm)
+    for name, value in flags.items():
+        if name not in merged:
+            raise TypeError(f"resources: unknown SLURM resource {name!r}")
+        if value is None:
+            continue
+        problem = slurm_value_problem(name, value)
+        if problem is not None:
+            raise SweepError(f"--slurm-{name.replace('_', '-')}: {problem}")
+        merged[name] = value
+    return SlurmResources(**merged)
 
 
 def pending_runs(spec: SweepSpec, runs: Sequence[RunSpec]) -> list[RunSpec]:
@@ -66,4 +88,4 @@ def slurm_script(spec: SweepSpec, runs: Sequence[RunSpec], res: SlurmResources =
     return "\n".join(lines)
 
 
-__all__ = ["SlurmResources", "pending_runs", "slurm_script"]
+__all__ = ["SlurmResources", "pending_runs", "resources", "slurm_script"]

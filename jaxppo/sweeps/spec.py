@@ -18,6 +18,7 @@ A sweep file is YAML, read and checked by the config loader (``jaxppo.config.rea
     budget: {samples: 1280}              # >= 8 evaluations after step 0 (fewer: a warning)
     output_dir: results/sweeps/per_alpha # default: results/sweeps/<name> (committed; see below)
     batch_key: actor.ppo_mini_batch_size # items consumed per step (default; dpo: dpo.batch_size)
+    slurm: {partition: gpu, time: "02:00:00", gpus: 1, cpus: 4, mem: 16G}  # --slurm's #SBATCH resources
     profiles:                            # --profile ci: merged into the file before anything else
       ci: {seeds: [0, 1], budget: {samples: 64}, overrides: [trainer.eval_prompts=4]}
 
@@ -79,7 +80,7 @@ from jaxppo.config.core import check, field
 
 COMMANDS = {"train": "jaxppo.train", "dpo": "jaxppo.dpo"}
 TOP_KEYS = ("name", "description", "base", "command", "seeds", "seed_keys", "overrides", "variants", "baseline",
-            "primary", "eval", "budget", "output_dir", "batch_key", "profiles")
+            "primary", "eval", "budget", "output_dir", "batch_key", "slurm", "profiles")
 # per command: the config keys set to the seed, and the key holding the items consumed per step
 DEFAULT_SEED_KEYS = {"train": ("trainer.seed",), "dpo": ("trainer.seed", "data.seed")}
 DEFAULT_BATCH_KEY = {"train": "actor.ppo_mini_batch_size", "dpo": "dpo.batch_size"}
@@ -108,6 +109,55 @@ class BudgetSection:
     samples: int = field(ge=1)
 
 
+_SLURM_TIME = re.compile(r"^(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2})$")
+_SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
+_SLURM_PARTITION = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
+
+
+def slurm_value_problem(name: str, value: Any) -> str | None:
+    """What is wrong with the SLURM resource ``name`` (a field of :class:`SlurmSection`) set to ``value``, or None
+    when it is valid (None: the cluster's default)."""
+    if value is None:
+        return None
+    if name == "time":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (f"got the number {value}: quote the time limit (YAML reads an unquoted 02:00:00 as a base-60 "
+                    "number), e.g. time: \"02:00:00\"")
+        if not (isinstance(value, str) and _SLURM_TIME.match(value)):
+            return (f"expected a SLURM time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), "
+                    f"got {value!r}")
+    elif name == "mem":
+        if not (isinstance(value, str) and _SLURM_MEM.match(value)):
+            return f"expected a memory size (an integer with an optional unit K, M, G or T, e.g. 16G), got {value!r}"
+    elif name == "partition":
+        if not (isinstance(value, str) and _SLURM_PARTITION.match(value)):
+            return f"expected a partition name (or a comma-separated list), got {value!r}"
+    elif name in ("cpus", "gpus", "max_parallel"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"expected an integer >= 1, got {value!r}"
+    else:
+        return f"unknown SLURM resource (known: {', '.join(f.name for f in dataclasses.fields(SlurmSection))})"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmSection:
+    """``slurm:`` of a sweep file: the ``#SBATCH`` resources of each task of the ``--slurm`` array job (None: the
+    cluster's default); a ``--slurm-*`` flag overrides its key."""
+
+    partition: str | None = None       # --partition (a comma-separated list allowed)
+    time: str | int | None = None      # --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (a string)
+    gpus: int | None = None            # --gpus-per-task
+    cpus: int | None = None            # --cpus-per-task
+    mem: str | None = None             # --mem, e.g. 16G
+    max_parallel: int | None = None    # the array's %N: at most N tasks at once
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            problem = slurm_value_problem(f.name, getattr(self, f.name))
+            check(problem is None, f.name, problem or "")
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepFile:
     """The sweep file's schema, loaded by :func:`jaxppo.config.from_dict` (strict keys, typed values, ranges); the
@@ -130,6 +180,7 @@ class SweepFile:
     output_dir: str | None = None
     batch_key: str | None = None
     primary: Literal["final", "auc", "at25", "at50", "first_passage"] = "final"
+    slurm: SlurmSection = field(default_factory=SlurmSection)
 
     def __post_init__(self):
         check(bool(self.base), "base", "expected a config file path")
@@ -172,6 +223,7 @@ class SweepSpec:
     batch_key: str = "actor.ppo_mini_batch_size"
     description: str = ""
     primary: str = "final"
+    slurm: SlurmSection = SlurmSection()
 
     @property
     def module(self) -> str:
@@ -270,7 +322,7 @@ def parse_sweep(raw: Any, *, name: str = "sweep", profile: str | None = None,
                      variants={v: tuple(o or ()) for v, o in f.variants.items()}, baseline=f.baseline, eval=f.eval,
                      budget_samples=f.budget.samples, output_dir=output_dir or f.output_dir or f"{DEFAULT_ROOT}/{name}",
                      batch_key=f.batch_key or DEFAULT_BATCH_KEY[f.command], description=f.description,
-                     primary=f.primary)
+                     primary=f.primary, slurm=f.slurm)
     _check_owned(spec)
     return spec
 

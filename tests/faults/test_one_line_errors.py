@@ -122,3 +122,29 @@ def test_truncated_gguf_names_file_and_tensor(tmp_path, keep):
         load_pretrained(cut)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{cut}: the GGUF file is truncated") and f"'{first.name}'" in msg
+
+
+LOGS = r"""
+import logging, sys
+import orbax.checkpoint  # logs through absl on import: absl calls logging.basicConfig() for a root without handler
+from jaxppo.cli.util import setup_logging
+setup_logging(sys.argv[1], "x.log")
+log = logging.getLogger("jaxppo.probe")
+log.info("an info record")
+log.warning("a warning record")
+import orbax.checkpoint._src.serialization.type_handler_registry  # noqa: F401
+"""
+
+
+def test_info_records_go_to_the_log_file_not_stderr(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.faults.conftest import REPO
+
+    res = subprocess.run([sys.executable, "-c", LOGS, str(tmp_path / "out")], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, env=dict(__import__("os").environ, JAX_PLATFORMS="cpu"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines() == ["WARNING:jaxppo.probe:a warning record"], res.stderr[-3000:]
+    text = (tmp_path / "out" / "x.log").read_text()
+    assert "INFO an info record" in text and "WARNING a warning record" in text

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jaxppo.trainer.preemption import PREEMPTED_EXIT, PreemptionWatch
 from tests.faults.conftest import REPO, cli_env, overrides
+from tests.trainer.dpo.conftest import dpo_overrides
 from tests.resume_helpers import deterministic_rows, rows
 
 STEPS = 6
@@ -47,17 +48,25 @@ def _start(module: str, args: list[str], cache: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _signal_after(proc: subprocess.Popen, metrics: Path, n_rows: int, sig: int, timeout: float = 300) -> None:
-    """Send ``sig`` to ``proc`` once ``metrics`` holds ``n_rows`` rows (the run is inside step ``n_rows + 1``,
-    its evaluation or its checkpoint write)."""
+def _last_step(metrics: Path) -> int:
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    try:
+        return json.loads(lines[-1])["step"] if lines else -1
+    except json.JSONDecodeError:        # a line being written
+        return -1
+
+
+def _signal_after(proc: subprocess.Popen, metrics: Path, step: int, sig: int, timeout: float = 300) -> None:
+    """Send ``sig`` to ``proc`` once ``metrics`` has logged step ``step`` (every step logged: the run is inside
+    step ``step + 1``, its evaluation or its checkpoint write)."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= n_rows:
+        if _last_step(metrics) >= step:
             os.kill(proc.pid, sig)
             return
         time.sleep(0.01)
     proc.kill()
-    raise AssertionError(f"the run did not reach {n_rows} logged steps (exit {proc.returncode})")
+    raise AssertionError(f"the run did not log step {step} (exit {proc.returncode})")
 
 
 def test_signal_at_a_random_step_saves_and_resumes_bit_for_bit(tmp_path, stories_model, scored_data, compile_cache):
@@ -96,3 +105,51 @@ def test_signal_at_a_random_step_saves_and_resumes_bit_for_bit(tmp_path, stories
     for ra, rb in zip(a, b):
         assert ra == rb, f"step {ra['step']} differs after the resume from {n} ({sig!r} after {k} rows)"
     assert json.loads((victim_dir / "summary.json").read_text())["resumed_from"] == n
+
+
+def _final(summary: Path) -> dict:
+    """A run's final metrics: the numbers of its ``summary.json`` but its timings and its resume point (the other
+    entries say where the run found its caches)."""
+    return {k: v for k, v in json.loads(summary.read_text()).items()
+            if isinstance(v, (int, float)) and not k.startswith(("time/", "perf/")) and k != "resumed_from"}
+
+
+def test_dpo_sigterm_saves_and_the_resumed_run_ends_as_the_uninterrupted_one(tmp_path, stories_model, hh_pairs,
+                                                                             compile_cache):
+    steps = 4
+    k = random.SystemRandom().randint(1, steps - 2)       # the last logged step before the signal
+    extra = (f"trainer.total_steps={steps}", "trainer.save_every=3", "trainer.eval_every=2", "trainer.log_every=1",
+             "data.max_rows=48")
+
+    def args(out: Path, *more: str) -> list[str]:
+        return dpo_overrides(stories_model, hh_pairs, out, tmp_path / f"{out.name}.cache", *extra, *more)
+
+    full = _start("jaxppo.dpo", args(tmp_path / "full"), compile_cache)
+    victim_dir = tmp_path / "victim"
+    victim = _start("jaxppo.dpo", args(victim_dir), compile_cache)
+    _signal_after(victim, victim_dir / "metrics.jsonl", k, signal.SIGTERM)
+    _, err = victim.communicate(timeout=300)
+    assert victim.returncode == PREEMPTED_EXIT, f"SIGTERM after step {k}: exit {victim.returncode}\n{err[-3000:]}"
+    logged = [r["step"] for r in rows(victim_dir / "metrics.jsonl")]
+    n = logged[-1]
+    assert n >= k and logged == list(range(0, n + 1)), (k, logged)      # step 0: the reference's held-out metrics
+    assert err.strip().splitlines()[-1] == (f"python -m jaxppo.dpo: preempted at step {n}; saved checkpoint {n}; "
+                                            "resume with trainer.resume=auto"), err[-3000:]
+    ckpts = victim_dir / "checkpoints"
+    assert (ckpts / str(n)).is_dir() and not list(ckpts.glob("*.orbax-checkpoint-tmp"))
+    assert json.loads((ckpts / str(n) / "meta" / "metadata").read_text())["step"] == n
+    assert not (victim_dir / "summary.json").exists()
+
+    resumed = _start("jaxppo.dpo", args(victim_dir, "trainer.resume=auto"), compile_cache)
+    _, r_err = resumed.communicate(timeout=300)
+    _, f_err = full.communicate(timeout=300)
+    assert resumed.returncode == 0, r_err[-3000:]
+    assert full.returncode == 0, f_err[-3000:]
+    a, b = deterministic_rows(tmp_path / "full"), deterministic_rows(victim_dir)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(0, steps + 1))
+    for ra, rb in zip(a, b):
+        assert ra == rb, f"step {ra['step']} differs after the resume from {n} (SIGTERM after step {k})"
+    assert json.loads((victim_dir / "summary.json").read_text())["resumed_from"] == n
+    final = _final(tmp_path / "full" / "summary.json")
+    assert "eval/rewards/accuracies" in final and "train/rewards/accuracies" in final, sorted(final)
+    assert _final(victim_dir / "summary.json") == final

@@ -1,6 +1,8 @@
 """Sweeps beyond one sequential runner, end to end on stories260K (a 2-run toy sweep): the ``--slurm`` array
 script's tasks, run here with ``SLURM_ARRAY_TASK_ID`` set for each index, produce the same results table as a
-``--jobs 2`` local sweep (runs side by side on split cores); a task index out of range is refused."""
+``--jobs 2`` local sweep (runs side by side on split cores) started together with a second sweep of the same file
+and folder: between them every run runs exactly once and both end with the whole table; a task index out of range
+is refused."""
 
 from __future__ import annotations
 
@@ -65,8 +67,18 @@ def test_slurm_array_tasks_equal_a_two_job_local_sweep(tmp_path, stories_model, 
     assert again.returncode == 2 and "nothing to submit" in again.stderr
     assert _sweep(f, compile_cache, "--output-dir", str(cluster), "--results-only").returncode == 0
 
-    par = _sweep(f, compile_cache, "--output-dir", str(local), "--jobs", "2")
-    assert par.returncode == 0, par.stdout[-2000:] + par.stderr[-3000:]
+    # two sweeps of one file and folder at once (the second one sequential): each run runs once, in one of them
+    cmd = [sys.executable, "-m", "jaxppo.sweep", "--config", str(f), "--output-dir", str(local)]
+    both = [subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for c in ([*cmd, "--jobs", "2"], cmd)]
+    outs = [p.communicate(timeout=600) for p in both]
+    for p, (o, e) in zip(both, outs):
+        assert p.returncode == 0, o[-2000:] + e[-3000:]
+    starts = {d.parent.name + "/" + d.name: (d / "sweep_stdout.log").read_text().count("=== sweep attempt")
+              for d in (local / "runs").glob("*/seed*")}
+    assert starts == {"a06/seed0": 1, "a10/seed0": 1}, starts
+    ran = [line.split()[1] for o, _ in outs for line in o.splitlines() if line.strip().startswith("start ")]
+    assert sorted(ran) == ["a06/seed0", "a10/seed0"], [o for o, _ in outs]
     a, b = _table(cluster), _table(local)
     assert len(a) == len(b) > 2 and all(r["status"] == "ok" for r in a)
     assert a == b
