@@ -54,7 +54,8 @@ def test_sigterm_at_a_random_step_then_resume_equals_the_uninterrupted_two_proce
 
     steps = 5
     k = random.SystemRandom().randint(1, steps - 2)      # the last logged step before the signal
-    short = ("trainer.total_steps=5", "trainer.save_every=3")
+    # packed minibatches (data.packing): every process plans the same layout from the replicated draw
+    short = ("trainer.total_steps=5", "trainer.save_every=3", "data.packing=true")
     full = _start(stories_model, scored_data, tmp_path / "full", tmp_path / "logs_full", *short)
     out = tmp_path / "victim"
     ps = _start(stories_model, scored_data, out, tmp_path / "logs1", *short)

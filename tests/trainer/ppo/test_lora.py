@@ -104,7 +104,7 @@ def test_lora_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scor
     and replay state only (the base is re-read from model.path), and a SIGKILLed run resumed with resume=auto logs
     the same metrics as an uninterrupted one (the dropout masks derive from the state's rng and step)."""
     from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
-    from tests.trainer.ppo.test_loop import _cli
+    from tests.trainer.ppo.test_algorithm import _cli
 
     extra = ("data.eval_fraction=0", "model.lora.rank=4", "model.lora.dropout=0.1", "trainer.total_steps=8")
     res = kill_at_checkpoint_then_resume(lambda out: _cli(out, stories_model, scored_data, compile_cache, *extra),
