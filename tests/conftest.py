@@ -86,26 +86,3 @@ def release_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
-
-
-#: the test files that take longest on the CI machine (2 cores, ``-n 2 --dist loadfile``), longest first: they are
-#: collected first, so the two workers start on them and the many short files fill in behind instead of one long
-#: file running alone at the end (workers take whole files in collection order)
-LONG_FILES = (
-    "notebooks/test_notebooks.py", "faults/test_dead_peer.py", "multihost/test_train_two_processes.py",
-    "multihost/test_commands_two_processes.py", "faults/test_sweep_cluster.py", "sweep/test_e2e.py",
-    "multihost/test_dpo_two_processes.py", "trainer/ppo/test_algorithm.py", "faults/test_preemption.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    tests_dir = Path(__file__).resolve().parent
-
-    def rank(item) -> int:
-        try:
-            rel = Path(item.path).resolve().relative_to(tests_dir).as_posix()
-        except ValueError:
-            return len(LONG_FILES)
-        return LONG_FILES.index(rel) if rel in LONG_FILES else len(LONG_FILES)
-
-    items.sort(key=rank)     # stable: the order inside a file and among the other files is kept
