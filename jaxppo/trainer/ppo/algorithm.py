@@ -74,8 +74,10 @@ class _LengthProbe:
 
 
 class _Evaluations:
-    """The run's held-out evaluation (``HeldoutEval``) with the reference's result kept: it is the step-0 value
-    and the "before" of the final comparison, computed once."""
+    """The run's held-out evaluation (``HeldoutEval``) with the reference's result kept (the step-0 value and the
+    "before" of the final comparison, computed once) and the last policy result kept with its parameters: the
+    evaluation at the last step (``trainer.eval_every`` dividing ``trainer.total_steps``) is the final comparison's
+    "after" when no rollback replaced the parameters since (the same arrays, compared by identity)."""
 
     def __init__(self, run: Run, eos):
         from jaxppo.trainer.evaluation import heldout_eval
@@ -83,6 +85,7 @@ class _Evaluations:
         self.run = run
         self.ev = heldout_eval(run.cfg, run.heldout, run.tokenizer, eos)
         self._reference: dict[str, Any] | None = None
+        self._last: tuple[list[Any], dict[str, Any]] | None = None
 
     @property
     def available(self) -> bool:
@@ -95,7 +98,15 @@ class _Evaluations:
         return self._reference
 
     def policy(self, params) -> dict[str, Any]:
-        return self.ev(self.run.policy(params), self.run.reference())
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(params)
+        if self._last is not None and len(self._last[0]) == len(leaves) and all(
+                a is b for a, b in zip(self._last[0], leaves)):
+            return self._last[1]
+        result = self.ev(self.run.policy(params), self.run.reference())
+        self._last = (leaves, result)
+        return result
 
 
 class PPO(Algorithm):

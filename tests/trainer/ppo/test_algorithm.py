@@ -180,3 +180,40 @@ def test_log_every_step0_eval_consumption_and_wandb(make_cfg, tmp_path, monkeypa
     assert tokens[-1] <= 7 * 16 * 16
     assert list((out / "wandb").glob("offline-run-*")), sorted(p.name for p in (out / "wandb").iterdir())
     assert int(state.step) == 7
+
+
+def test_last_step_evaluation_is_the_final_after(make_cfg, tmp_path, monkeypatch):
+    """With trainer.eval_every dividing trainer.total_steps, the policy evaluated at the last step is the final
+    comparison's "after": three evaluations in all (step 0 = reference = "before", step 2, step 4 = "after"), and
+    the summary's reward_after is the last step's logged eval/reward_mean. Other parameter arrays (a rollback's
+    restored ones; here a copy with equal values) are evaluated again."""
+    from jaxppo.trainer.ppo.algorithm import _Evaluations, fit
+    from jaxppo.trainer.ppo.build import build_run
+
+    import jaxppo.trainer.evaluation as evaluation
+
+    calls = []
+    real_call = evaluation.HeldoutEval.__call__
+
+    def spy(self, model, reference):
+        calls.append(1)
+        return real_call(self, model, reference)
+
+    monkeypatch.setattr(evaluation.HeldoutEval, "__call__", spy)
+    cfg = make_cfg("trainer.total_steps=4", "trainer.eval_every=2", "trainer.eval_prompts=4", "trainer.save_every=100")
+    run = build_run(cfg, devices=jax.devices()[:1])
+    summary, state = fit(cfg, run=run)
+    rows = {r["step"]: r for r in _rows(tmp_path / "run" / "metrics.jsonl")}
+    assert len(calls) == 3
+    assert summary["eval/reward_after"] == pytest.approx(rows[4]["eval/reward_mean"], abs=1e-12)
+    assert summary["eval/reward_before"] == pytest.approx(rows[0]["eval/reward_mean"], abs=1e-12)
+
+    from jaxppo.models.eos import eos_ids
+
+    evals = _Evaluations(run, eos_ids(run.reference().config, run.tokenizer))
+    calls.clear()
+    first = evals.policy(state.actor)
+    assert evals.policy(state.actor) is first and len(calls) == 1           # same arrays: kept
+    copied = jax.tree_util.tree_map(lambda a: a + 0, state.actor)            # equal values, other arrays
+    evals.policy(copied)
+    assert len(calls) == 2
