@@ -155,8 +155,9 @@ def _packed_logprobs(model: nnx.Module, graphdef, state, *arrays):
     return packed_chunk_logprobs(graphdef, state, list(arrays), arrays[0].shape[0], batch_multiple(state))
 
 
-def _same_params(a, b) -> bool:
-    """True when two parameter states are the very same arrays (evaluating the reference against itself)."""
+def same_arrays(a, b) -> bool:
+    """True when two pytrees have one structure and the very same leaf objects (``is``): equal values without
+    comparing them (jax arrays are immutable), e.g. the reference evaluated against itself."""
     la, ta = jax.tree.flatten(a)
     lb, tb = jax.tree.flatten(b)
     return ta == tb and all(x is y for x, y in zip(la, lb))
@@ -197,7 +198,7 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
     bs = min(batch_size, n)
     pol_gd, pol_state = nnx.split(model)
     ref_gd, ref_state = nnx.split(ref_model)
-    same = pol_gd == ref_gd and _same_params(pol_state, ref_state)
+    same = pol_gd == ref_gd and same_arrays(pol_state, ref_state)
     tokens, masks, kl_num, kl_den = [], [], [], []
     for j, start in enumerate(range(0, n, bs)):
         p_ids = _pad_rows(prompt_ids[start:start + bs], bs).astype(np.int32)
@@ -380,4 +381,4 @@ def before_after(ev: HeldoutEval, out: str | Path, before: Callable[[], Mapping[
 
 __all__ = ["EVAL_KEY_SALT", "HeldoutEval", "before_after", "bootstrap_ci", "bootstrap_mean_ci", "compare",
            "evaluate_policy", "final_summary", "generated_length", "heldout_eval", "heldout_eval_prompts", "heldout_perplexity",
-           "prompt_means", "write_eval_samples"]
+           "prompt_means", "same_arrays", "write_eval_samples"]

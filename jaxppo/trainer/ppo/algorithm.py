@@ -85,7 +85,7 @@ class _Evaluations:
         self.run = run
         self.ev = heldout_eval(run.cfg, run.heldout, run.tokenizer, eos)
         self._reference: dict[str, Any] | None = None
-        self._last: tuple[list[Any], dict[str, Any]] | None = None
+        self._last: tuple[Any, dict[str, Any]] | None = None
 
     @property
     def available(self) -> bool:
@@ -100,12 +100,12 @@ class _Evaluations:
     def policy(self, params) -> dict[str, Any]:
         import jax
 
-        leaves = jax.tree_util.tree_leaves(params)
-        if self._last is not None and len(self._last[0]) == len(leaves) and all(
-                a is b for a, b in zip(self._last[0], leaves)):
+        from jaxppo.trainer.evaluation import same_arrays
+
+        if self._last is not None and same_arrays(self._last[0], params):
             return self._last[1]
         result = self.ev(self.run.policy(params), self.run.reference())
-        self._last = (leaves, result)
+        self._last = (jax.tree.map(lambda x: x, params), result)   # a new container of the same arrays
         return result
 
 
