@@ -21,11 +21,18 @@ Index arrays (flat indices into ``N·L``, gathered by :func:`gather`, whose ``va
 - ``response_index`` [B, R]: the slot whose output predicts response token ``t``, i.e. the sequence's token
   ``p_b + t - 1`` (valid where ``response_mask``);
 - ``token_index`` [B, P+R]: the slot of each padded-row slot's token (valid where ``concat(masks)``);
-- ``last_index`` [B]: the slot of the sequence's last real token (``heads.last_token_index``).
+- ``last_index`` [B]: the slot of the sequence's last real token (``heads.last_token_index``);
+- ``head_index`` [H] and ``head_target`` [H]: the real response tokens only, in order (sequence, then token):
+  ``head_index`` the slot that predicts the token (as ``response_index``), ``head_target`` its flat index
+  ``b·R + t`` into ``[B, R]``; entries past the real count are padding (``head_index`` 0, ``head_target`` ``B·R``,
+  out of range). The LM head runs on these ``H`` slots (:func:`head_gather`, :func:`head_scatter`), not on the
+  ``B·R`` response slots of which the padding is most on real data.
 
 ``N`` is the number of rows needed, rounded up to a budget (:func:`row_budgets`): the ``buckets`` values
-``ceil(k·B/buckets)`` (k = 1..buckets), each rounded up to ``multiple_of`` (the data-parallel size), so a jitted
-consumer compiles at most ``buckets`` programs per (B, P, R). Every sequence fits in one row, so ``N <= B``.
+``ceil(k·B/buckets)`` (k = 1..buckets), each rounded up to ``multiple_of`` (the data-parallel size). Every sequence
+fits in one row, so ``N <= B``. ``H`` is the number of real response tokens rounded up the same way to a budget of
+``row_budgets(B·R, buckets, multiple_of)``. A jitted consumer compiles one program per ``(N, H)`` seen, at most
+``buckets²`` per (B, P, R) and in practice a few (both follow the batch's real token count).
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ class Packed(NamedTuple):
     response_index: np.ndarray  # [B, R] int32, flat into N·L
     token_index: np.ndarray     # [B, P+R] int32, flat into N·L
     last_index: np.ndarray      # [B] int32, flat into N·L
+    head_index: np.ndarray      # [H] int32, flat into N·L (the real response tokens' predicting slots)
+    head_target: np.ndarray     # [H] int32, flat into B·R (B·R on padding entries)
 
 
 def row_budgets(batch: int, buckets: int = 8, multiple_of: int = 1) -> list[int]:
@@ -134,8 +143,15 @@ def pack(prompt_ids, prompt_mask, response_ids, response_mask, *, row_length: in
     real = np.where(in_prompt, k >= 0, s - p < lr[:, None])
     token_index = np.where(real, base[:, None] + k, 0)
     last_index = base + n_tok - 1
+    real_response = t < lr[:, None]                                     # [B, R], row-major = (sequence, token)
+    n_head = int(real_response.sum())
+    h = next(k for k in row_budgets(max(b * r, 1), buckets, multiple_of) if k >= n_head)
+    head_index = np.zeros(h, np.int32)
+    head_target = np.full(h, b * r, np.int32)
+    head_index[:n_head] = response_index[real_response]
+    head_target[:n_head] = np.flatnonzero(real_response)
     return Packed(ids, seg, pos, response_index.astype(np.int32), token_index.astype(np.int32),
-                  last_index.astype(np.int32))
+                  last_index.astype(np.int32), head_index, head_target)
 
 
 def pack_batch(batch, **kw) -> Packed:
@@ -156,10 +172,34 @@ def gather(x: jax.Array, index: jax.Array, valid: jax.Array | None = None) -> ja
     return out
 
 
+def head_gather(x: jax.Array, packed: Packed) -> jax.Array:
+    """``x`` [N, L, ...] at the real response tokens' predicting slots: ``[H, ...]`` (``packed.head_index``)."""
+    return gather(x, packed.head_index)
+
+
+def head_scatter(values: jax.Array, packed: Packed, shape: tuple[int, int]) -> jax.Array:
+    """``[H]`` per-real-response-token values back to ``shape = (B, R)``, 0 elsewhere (padding entries of
+    ``head_target`` are out of range and dropped)."""
+    b, r = shape
+    out = jnp.zeros((b * r,), values.dtype).at[packed.head_target].set(values, mode="drop")
+    return out.reshape(b, r)
+
+
+def head_targets(response_ids: jax.Array, packed: Packed) -> jax.Array:
+    """The response token ids ``[H]`` of ``packed.head_index``'s slots (padding entries read the last token)."""
+    flat = response_ids.reshape(-1)
+    return jnp.take(flat, jnp.minimum(packed.head_target, flat.shape[0] - 1), axis=0)
+
+
 def fill(packed: Packed) -> float:
     """Fraction of the packed slots that hold a real token."""
     seg = np.asarray(packed.segment_ids)
     return float((seg > 0).mean()) if seg.size else 0.0
+
+
+def program_shape(packed: Packed) -> tuple[int, int, int]:
+    """``(N, L, H)``: what a jitted consumer of ``packed`` compiles one program for (with the batch's B, P, R)."""
+    return (*np.shape(packed.ids), int(np.shape(packed.head_index)[0]))
 
 
 class ProgramLog:
@@ -167,13 +207,13 @@ class ProgramLog:
     ``log(name)`` writes one line: programs, their shapes, the packed and padded slot counts."""
 
     def __init__(self):
-        self.shapes: set[tuple[int, int]] = set()
+        self.shapes: set[tuple[int, ...]] = set()
         self.real = 0
         self.packed_slots = 0
         self.padded_slots = 0
 
     def add(self, packed: Packed) -> None:
-        self.shapes.add(tuple(np.shape(packed.ids)))
+        self.shapes.add(program_shape(packed))
         self.real += int((np.asarray(packed.segment_ids) > 0).sum())
         self.packed_slots += int(np.size(packed.ids))
         self.padded_slots += int(np.size(packed.token_index))

@@ -407,13 +407,15 @@ class CausalLM(nnx.Module):
     def packed_logprobs(self, packed, response_ids: jax.Array, response_mask: jax.Array, *,
                         lora_key: jax.Array | None = None) -> jax.Array:
         """``continuation_logprobs`` [B, R] of the batch that ``packed`` (``jaxppo.models.packing.Packed``) packs:
-        the trunk runs on the packed rows (``Transformer.packed``), the head only on the ``B·R`` slots
-        ``packed.response_index`` that predict response tokens; 0 where ``response_mask`` is 0."""
-        from jaxppo.models.packing import gather
+        the trunk runs on the packed rows (``Transformer.packed``), the head only on the ``H`` slots
+        ``packed.head_index`` that predict real response tokens; 0 where ``response_mask`` is 0."""
+        from jaxppo.models.packing import head_gather, head_scatter, head_targets
 
-        h = self.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
-        h = gather(h, packed.response_index, response_mask)
-        return _token_logprobs(self.logits_from_hidden(h), response_ids, response_mask)
+        h = head_gather(self.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key),
+                        packed)
+        lp = _token_logprobs(self.logits_from_hidden(h), head_targets(response_ids, packed),
+                             jnp.ones(h.shape[:1], jnp.float32))
+        return head_scatter(lp, packed, response_ids.shape) * response_mask.astype(jnp.float32)
 
     def shared_prefix_logprobs(self, prompt_ids: jax.Array, prompt_mask: jax.Array, response_ids: jax.Array,
                                response_mask: jax.Array) -> jax.Array:

@@ -81,6 +81,11 @@ def test_pack_hand_case():
     assert pk.response_index.tolist() == [[6, 0], [2, 3], [10, 11]]
     assert pk.token_index.tolist() == [[0, 5, 6, 7, 0], [0, 1, 2, 3, 4], [0, 0, 10, 11, 12]]
     assert pk.last_index.tolist() == [7, 4, 12]
+    # the 5 real response tokens in (sequence, token) order: slots as response_index, targets b·R + t; the budget
+    # of 5 among row_budgets(B·R = 6, 8) = 1, 2, 3, 4, 5, 6 is 5 (no padding entry)
+    assert pk.head_index.tolist() == [6, 2, 3, 10, 11] and pk.head_target.tolist() == [0, 2, 3, 4, 5]
+    pk2 = pack(pi, pm, ri, rm, buckets=2)   # budgets 3, 6: one padding entry (slot 0, target B·R = 6)
+    assert pk2.head_index.tolist() == [6, 2, 3, 10, 11, 0] and pk2.head_target.tolist() == [0, 2, 3, 4, 5, 6]
     # rows of 8: seq 1 (5) in row 0, seq 0 (3) after it in row 0 (segment 2), seq 2 in row 1
     pk8 = pack(pi, pm, ri, rm, row_length=8)
     assert pk8.segment_ids.tolist() == [[1] * 5 + [2] * 3, [1] * 3 + [0] * 5]
@@ -123,6 +128,14 @@ def test_pack_property(lens, width, buckets, mult):
         assert pk.last_index[i] == slots[-1]
         r = b.response_mask[i].astype(bool)
         np.testing.assert_array_equal(pk.response_index[i][r], pk.token_index[i][P - 1:P + R - 1][r])
+    real_r = b.response_mask.astype(bool)
+    k = int(real_r.sum())
+    h = pk.head_index.shape[0]
+    assert h in row_budgets(n * R, buckets, mult) and h >= k and pk.head_target.shape == (h,)
+    assert k == 0 or h < k + max(-(-n * R // buckets), 1) + mult           # the smallest budget that holds them
+    np.testing.assert_array_equal(pk.head_index[:k], pk.response_index[real_r])
+    np.testing.assert_array_equal(pk.head_target[:k], np.flatnonzero(real_r))
+    assert (pk.head_target[k:] == n * R).all() and (pk.head_index[k:] == 0).all()
     used = [tuple(x) for x in np.stack([pk.token_index[mask] // width, flat(pk.segment_ids)[pk.token_index[mask]]], 1)]
     assert len({u for u in used}) == n                        # (row, segment) pairs identify the sequences
 
@@ -131,7 +144,8 @@ def test_program_log_counts_shapes():
     log = ProgramLog()
     log.add(pack_batch(padded_batch([6, 6, 6, 6], [5, 5, 5, 5])))
     log.add(pack_batch(padded_batch([1, 1, 1, 1], [0, 1, 0, 1])))
-    assert log.shapes == {(4, 11), (1, 11)} and log.real == 44 + 6 and log.padded_slots == 88
+    # (N, L, H): 20 real response tokens -> H = 20 of row_budgets(20, 8) = 3, 5, 8, ..., 20; 2 -> H = 3
+    assert log.shapes == {(4, 11, 20), (1, 11, 3)} and log.real == 44 + 6 and log.padded_slots == 88
 
 
 # ---------------------------------------------------------------- model: packed == padded

@@ -22,7 +22,7 @@ from flax import nnx
 
 from jaxppo import ops
 from jaxppo.models.adapters import merge_with_base, trunk_of
-from jaxppo.models.packing import gather
+from jaxppo.models.packing import gather, head_gather, head_scatter, head_targets
 from jaxppo.ops.logits import entropy_metric_from_logits
 from jaxppo.trainer.ppo.buffer_types import TokenFields
 
@@ -105,6 +105,56 @@ def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, bat
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
     values = nnx.merge(critic_gd, critic_params)(h_r)
     return logits, values.astype(jnp.float32)
+
+
+def _packed_logp_entropy(actor, h: jax.Array, batch: TokenFields, packed, entropy_grad: bool
+                         ) -> tuple[jax.Array, jax.Array]:
+    """:func:`logp_entropy` [B,R] from the packed rows' hidden states ``h`` [N,L,D]: the LM head runs on the ``H``
+    real response tokens only (``packing.head_gather``), the results go back to ``[B,R]`` (0 elsewhere)."""
+    z = actor.logits_from_hidden(head_gather(h, packed)).astype(jnp.float32)      # [H, V]
+    ids = head_targets(batch.response_ids, packed)
+    lp, ent = logp_entropy(z, ids, jnp.ones(ids.shape, jnp.float32), entropy_grad=entropy_grad)
+    shape, m = batch.response_ids.shape, batch.response_mask.astype(jnp.float32)
+    return head_scatter(lp, packed, shape) * m, head_scatter(ent, packed, shape) * m
+
+
+def response_logp_entropy(actor_gd, actor_params, batch: TokenFields, *, base=None, lora_key=None,
+                          group_size: int = 1, packed=None, entropy_grad: bool = True) -> tuple[jax.Array, jax.Array]:
+    """:func:`logp_entropy` ``(log π(y_t), H_t)`` [B,R] of the response tokens under the policy ``actor_params``
+    (arguments as :func:`response_logits`). ``packed``: the trunk runs on the packed rows and the LM head on the real
+    response tokens only (not on the ``B·R`` response slots); equal to the row layout's up to float summation order."""
+    if packed is None:
+        logits = response_logits(actor_gd, actor_params, batch, base=base, lora_key=lora_key, group_size=group_size)
+        return logp_entropy(logits, batch.response_ids, batch.response_mask, entropy_grad=entropy_grad)
+    if int(group_size) != 1:
+        raise ValueError("response_logp_entropy: packed batches are not combined with group_size > 1")
+    actor = merge_with_base(actor_gd, actor_params, base)
+    h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
+    return _packed_logp_entropy(actor, h, batch, packed, entropy_grad)
+
+
+def response_logp_entropy_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
+                                 share_trunk: bool, base=None, lora_key=None, group_size: int = 1, packed=None,
+                                 entropy_grad: bool = True) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+    """``((logp, entropy) [B,R], values [B,R])``: :func:`response_logp_entropy` and the critic's values
+    (:func:`response_logits_values`'s arguments; with ``share_trunk`` one trunk pass feeds the LM head and the
+    value head)."""
+    kw = dict(base=base, group_size=group_size, packed=packed)
+    if not share_trunk:
+        if lora_key is not None:
+            raise ValueError("response_logp_entropy_values: lora_key with separate models; give each model its own key")
+        return (response_logp_entropy(actor_gd, actor_params, batch, entropy_grad=entropy_grad, **kw),
+                response_values(critic_gd, critic_params, batch, **kw))
+    if packed is None:
+        logits, values = response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch,
+                                                share_trunk=True, lora_key=lora_key, **kw)
+        return logp_entropy(logits, batch.response_ids, batch.response_mask, entropy_grad=entropy_grad), values
+    if int(group_size) != 1:
+        raise ValueError("response_logp_entropy_values: packed batches are not combined with group_size > 1")
+    actor = merge_with_base(actor_gd, actor_params, base)
+    h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
+    values = nnx.merge(critic_gd, critic_params)(gather(h, packed.response_index, batch.response_mask))
+    return _packed_logp_entropy(actor, h, batch, packed, entropy_grad), values.astype(jnp.float32)
 
 
 def logp_entropy(logits: jax.Array, response_ids: jax.Array, response_mask: jax.Array, *,

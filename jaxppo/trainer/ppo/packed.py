@@ -11,10 +11,14 @@ own plan:
 - row-indexed arrays (``ids``, ``segment_ids``, ``positions`` [n·N, L]): packed row ``k`` of piece ``j`` at
   row ``k·n + j``;
 - sequence-indexed arrays (``response_index`` [B, R], ``token_index`` [B, P+R], ``last_index`` [B]): row
-  ``k·n + j`` holds piece ``j``'s entry for its local row ``k``, a flat index into that piece's ``N·L`` slots.
+  ``k·n + j`` holds piece ``j``'s entry for its local row ``k``, a flat index into that piece's ``N·L`` slots;
+- the real-response-token arrays (``head_index``, ``head_target`` [n·H]): entry ``k·n + j`` is piece ``j``'s
+  entry ``k`` (``head_target`` flat into that piece's ``m·R``), ``H`` the same for every piece (the largest
+  piece's budget; the others get padding entries).
 
 ``N`` is a multiple of ``multiple_of`` (the data-parallel size: each piece's rows are split over the batch axes)
-and one of at most ``buckets`` values for a given ``m``, so a pass compiles at most ``buckets`` programs.
+and one of at most ``buckets`` values for a given ``m``; so is ``H`` (of ``m·R``). A pass compiles one program per
+``(N, H)`` seen.
 """
 
 from __future__ import annotations
@@ -26,20 +30,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxppo.models.packing import Packed, fill, pack, row_budgets
+from jaxppo.models.packing import Packed, fill, pack, program_shape, row_budgets
 
 logger = logging.getLogger("jaxppo.trainer")
 
 TOKEN_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+ONE_DIM = ("last_index", "head_index", "head_target")   # the plan's one-dimensional arrays
 
 
-def _pad_rows(p: Packed, n_rows: int) -> Packed:
-    """``p`` with padding rows (segment 0) appended up to ``n_rows``; its flat indices stay valid."""
-    extra = n_rows - p.ids.shape[0]
-    if extra == 0:
-        return p
+def _pad_piece(p: Packed, n_rows: int, n_head: int, n_slots: int) -> Packed:
+    """``p`` with padding rows (segment 0) appended up to ``n_rows`` and padding head entries (slot 0, target
+    ``n_slots`` = the piece's ``m·R``, out of range) up to ``n_head``; its flat indices stay valid."""
+    extra, more = n_rows - p.ids.shape[0], n_head - p.head_index.shape[0]
     pad = lambda a: np.concatenate([a, np.zeros((extra, a.shape[1]), a.dtype)])  # noqa: E731
-    return p._replace(ids=pad(p.ids), segment_ids=pad(p.segment_ids), positions=pad(p.positions))
+    if extra:
+        p = p._replace(ids=pad(p.ids), segment_ids=pad(p.segment_ids), positions=pad(p.positions))
+    if more:
+        p = p._replace(head_index=np.concatenate([p.head_index, np.zeros(more, np.int32)]),
+                       head_target=np.concatenate([p.head_target, np.full(more, n_slots, np.int32)]))
+    return p
 
 
 def _interleave_rows(parts: list[np.ndarray]) -> np.ndarray:
@@ -57,7 +66,9 @@ def plan_pieces(fields: dict[str, Any], n_micro: int, *, multiple_of: int = 1, b
     parts = [pack(*(a[j::n_micro] for a in arrays), buckets=buckets, multiple_of=multiple_of)
              for j in range(n_micro)]
     n_rows = max(p.ids.shape[0] for p in parts)     # each is a budget of row_budgets(m, ...), so is the largest
-    parts = [_pad_rows(p, n_rows) for p in parts]
+    n_head = max(p.head_index.shape[0] for p in parts)
+    slots = (b // n_micro) * arrays[2].shape[1]
+    parts = [_pad_piece(p, n_rows, n_head, slots) for p in parts]
     return Packed(*(_interleave_rows([getattr(p, f) for p in parts]) for f in Packed._fields))
 
 
@@ -67,7 +78,7 @@ def packed_shardings(mesh) -> Packed | None:
         return None
     from jaxppo.parallel import batch_sharding
 
-    return Packed(*(batch_sharding(mesh, 1 if f == "last_index" else 2) for f in Packed._fields))
+    return Packed(*(batch_sharding(mesh, 1 if f in ONE_DIM else 2) for f in Packed._fields))
 
 
 class HostPlanned:
@@ -103,11 +114,11 @@ class HostPlanned:
             placed = self._cached[1]
         else:
             plan = self.plan(state)
-            shape = tuple(plan.ids.shape)
+            shape = program_shape(plan)
             if shape not in self.programs:
                 self.programs.add(shape)
-                logger.info("%s: program %d for packed rows %s (%.0f%% of the slots hold tokens)", self.name,
-                            len(self.programs), shape, 100.0 * fill(plan))
+                logger.info("%s: program %d for packed rows %s and %d real response tokens (%.0f%% of the slots "
+                            "hold tokens)", self.name, len(self.programs), shape[:2], shape[2], 100.0 * fill(plan))
             placed = self._place(plan)
             if key is not None:
                 self._cached = (key, placed)
@@ -118,8 +129,10 @@ class HostPlanned:
         b = data.prompt_ids.shape[0] if self.rows is None else self.rows
         p, r = data.prompt_ids.shape[1], data.response_ids.shape[1]
         n_rows = row_budgets(self.piece_rows, self.buckets, self.multiple_of)[-1] * (b // self.piece_rows)
+        n_head = row_budgets(self.piece_rows * r, self.buckets, self.multiple_of)[-1] * (b // self.piece_rows)
         shapes = Packed(ids=(n_rows, p + r), segment_ids=(n_rows, p + r), positions=(n_rows, p + r),
-                        response_index=(b, r), token_index=(b, p + r), last_index=(b,))
+                        response_index=(b, r), token_index=(b, p + r), last_index=(b,), head_index=(n_head,),
+                        head_target=(n_head,))
         sh = self.shardings or Packed(*([None] * len(Packed._fields)))
         plan = Packed(*(jax.ShapeDtypeStruct(s, jnp.int32, sharding=x) for s, x in zip(shapes, sh)))
         return self.jitted.lower(state, plan)

@@ -38,11 +38,7 @@ from jaxppo.parallel import batch_divisor
 from jaxppo.trainer.micro import chunked_map
 from jaxppo.trainer.ppo.packed import TOKEN_FIELDS, HostPlanned, packed_shardings
 from jaxppo.trainer.ppo.buffer_types import BufferItem, Prepared, Tokens
-from jaxppo.trainer.ppo.forward import (
-    logp_entropy,
-    response_logits,
-    response_logits_values,
-)
+from jaxppo.trainer.ppo.forward import response_logp_entropy, response_logp_entropy_values
 from jaxppo.trainer.with_base import jit_step
 from jaxppo.trainer.ppo.hparams import StepHP
 
@@ -120,12 +116,12 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
         def one(piece):
             batch, pl = piece
             if critic is None:
-                logits = response_logits(actor_gd, state.actor, batch, base=base, group_size=n, packed=pl)
-                values = None
+                (logp, _), values = response_logp_entropy(actor_gd, state.actor, batch, base=base, group_size=n,
+                                                          packed=pl), None
             else:
-                logits, values = response_logits_values(actor_gd, state.actor, critic_gd, state.critic, batch,
-                                                        share_trunk=share, base=base, group_size=n, packed=pl)
-            logp, _ = logp_entropy(logits, batch.response_ids, batch.response_mask)
+                (logp, _), values = response_logp_entropy_values(actor_gd, state.actor, critic_gd, state.critic,
+                                                                 batch, share_trunk=share, base=base, group_size=n,
+                                                                 packed=pl)
             return logp, values
 
         # whole groups per chunk

@@ -72,8 +72,8 @@ from jaxppo.trainer.micro import group_micro_order, micro_grads, strided_merge
 from jaxppo.trainer.ppo.buffer_types import BufferItem
 from jaxppo.trainer.ppo.forward import (
     logp_entropy,
-    response_logits,
-    response_logits_values,
+    response_logp_entropy,
+    response_logp_entropy_values,
     response_values,
 )
 from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
@@ -162,8 +162,18 @@ def count_weights(counts: jax.Array | None, mask: jax.Array, agg: str) -> jax.Ar
 
 
 def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, counts: jax.Array | None = None):
-    """``(pg(w·c·ρ; m·k) − c_H·H_c + c_KL·agg_c(kl(θ, ref)), metrics)`` from response logits ``[B,R,V]`` of the
-    minibatch ``batch`` (``[B, ...]`` leaves) with PER weights ``w`` ``[B]``.
+    """:func:`token_actor_terms` of the log-probs and entropies (``forward.logp_entropy``) of response logits
+    ``[B,R,V]``."""
+    d = batch.data
+    logp, ent = logp_entropy(logits, d.response_ids, d.response_mask, entropy_grad=hp.actor.entropy_coeff != 0)
+    return token_actor_terms(hp, logp, ent, batch, w, counts)
+
+
+def token_actor_terms(hp: StepHP, logp: jax.Array, ent: jax.Array, batch: BufferItem, w: jax.Array,
+                      counts: jax.Array | None = None):
+    """``(pg(w·c·ρ; m·k) − c_H·H_c + c_KL·agg_c(kl(θ, ref)), metrics)`` from the response tokens' log-probs
+    ``logp`` and entropies ``ent`` ``[B,R]`` (0 outside the response mask) of the minibatch ``batch``
+    (``[B, ...]`` leaves) with PER weights ``w`` ``[B]``.
 
     ``pg`` is the policy loss ``hp.actor.policy_loss`` (``registry.POLICY_LOSSES``; "ppo": clip + dual clip)
     with the detached weights ``w_i·c_i·ρ_t`` (``c``: :func:`count_weights` of the PF-PPO resample ``counts``
@@ -177,7 +187,6 @@ def actor_terms(hp: StepHP, logits: jax.Array, batch: BufferItem, w: jax.Array, 
     a = hp.actor
     d, pr = batch.data, batch.prepared
     m = d.response_mask.astype(jnp.float32)
-    logp, ent = logp_entropy(logits, d.response_ids, d.response_mask, entropy_grad=a.entropy_coeff != 0)
     prox = pr.prox_logp
     rho, keep, ism = behaviour_weights(hp, prox, d.behaviour_logprobs, m)
     ml = m * keep
@@ -258,20 +267,22 @@ def make_phases(hp: StepHP, actor_gd, critic_gd, base=None) -> list[Phase]:
     c = hp.critic
     n = hp.replay.group_size      # > 1: the minibatch is whole prompt groups, each prompt through the trunk once
 
+    entropy_grad = hp.actor.entropy_coeff != 0
+
     def actor_loss(params, batch, w, counts, key=None):
-        logits = response_logits(actor_gd, params[0], batch.data, base=base, lora_key=key, group_size=n,
-                                 packed=batch.packed)
-        la, aux = actor_terms(hp, logits, batch, w, counts)
+        logp, ent = response_logp_entropy(actor_gd, params[0], batch.data, base=base, lora_key=key, group_size=n,
+                                          packed=batch.packed, entropy_grad=entropy_grad)
+        la, aux = token_actor_terms(hp, logp, ent, batch, w, counts)
         return la, (_f32({**aux, "_loss": la}), None)
 
     if c is None:
         return [Phase(("actor",), actor_loss, hp.actor_epochs)]
     if c.share_trunk:
         def joint(params, batch, w, counts, key=None):
-            logits, values = response_logits_values(actor_gd, params[0], critic_gd, params[1], batch.data,
-                                                    share_trunk=True, base=base, lora_key=key, group_size=n,
-                                                    packed=batch.packed)
-            la, aux_a = actor_terms(hp, logits, batch, w, counts)
+            (logp, ent), values = response_logp_entropy_values(
+                actor_gd, params[0], critic_gd, params[1], batch.data, share_trunk=True, base=base, lora_key=key,
+                group_size=n, packed=batch.packed, entropy_grad=entropy_grad)
+            la, aux_a = token_actor_terms(hp, logp, ent, batch, w, counts)
             vf, aux_c, prio = critic_terms(hp, values, batch, w, counts)
             total = la + c.vf_coef * vf
             return total, (_f32({**aux_a, **aux_c, "_loss": total}), prio)
