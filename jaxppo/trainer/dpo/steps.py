@@ -16,7 +16,7 @@ and the loss is ``mean_pairs dpo_loss(...)`` (``jaxppo.ops.dpo_loss``, TRL's for
 averaged, which equals the full-batch mean because the micro-batches have equal size.
 
 Packed rows (``data.packing``): the batch carries ``"packed"``, the packed layout of its ``[2B, P+R]`` stack planned
-on the host by :func:`plan_pairs` (``jaxppo.trainer.ppo.packed.plan_pieces`` with one piece per micro-batch: the
+on the host by :func:`plan_pairs` (``jaxppo.trainer.packed.plan_pieces`` with one piece per micro-batch: the
 strided split of the stack hands micro-batch ``j`` the chosen rows of its pairs, then their rejected rows, and its
 own plan). The policy's forward then runs on the packed rows (``CausalLM.packed_logprobs``) and its log-probs come
 back as ``[B]`` chosen / rejected, so the losses and metrics are the padded step's up to float32 summation order.
@@ -53,8 +53,8 @@ from jaxppo.ops import dpo_loss
 from jaxppo.optim import all_finite, learning_rate_of, set_learning_rate
 from jaxppo.parallel.host import to_host
 from jaxppo.trainer.micro import micro_grads
-from jaxppo.trainer.ppo.packed import packed_shardings, plan_pieces
 from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
+from jaxppo.trainer.packed import packed_shardings, plan_pieces
 from jaxppo.trainer.with_base import jit_step
 
 PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
@@ -119,7 +119,7 @@ def pair_stack(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.A
 
 
 def stack_fields(batch: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The token fields (``jaxppo.trainer.ppo.packed.TOKEN_FIELDS``) of a host batch's ``[2B]`` stack, chosen rows
+    """The token fields (``jaxppo.trainer.packed.TOKEN_FIELDS``) of a host batch's ``[2B]`` stack, chosen rows
     then rejected rows (:func:`pair_stack` in numpy)."""
     cat = lambda a, b: np.concatenate([np.asarray(batch[a]), np.asarray(batch[b])])  # noqa: E731
     return {"prompt_ids": cat("prompt_ids", "prompt_ids"), "prompt_mask": cat("prompt_mask", "prompt_mask"),
