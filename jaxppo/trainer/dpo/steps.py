@@ -194,7 +194,9 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
     strided ones of every trainer (``jaxppo.trainer.micro.micro_grads``); with ``mesh`` they are constrained to
     stay split over the batch axes. With adapters ``state.actor`` is the trainable part and ``base`` the frozen
     one, a third, non-donated argument of the jitted function that the returned callable binds. ``lora_dropout``
-    (the adapters' ``LoraSpec.dropout``) and ``seed`` (``trainer.seed``): the adapter dropout of the loss."""
+    (the adapters' ``LoraSpec.dropout``) and ``seed`` (``trainer.seed``): the adapter dropout of the loss. A batch
+    with ``"packed"`` (:func:`plan_pairs` for ``hp.micro_batch_size``; with ``batch_shardings``, its shardings under
+    ``"packed"``: :func:`plan_shardings`) runs its forward on the packed rows (module doc)."""
     if not 0.0 <= lora_dropout < 1.0:
         raise ValueError(f"make_dpo_step: lora_dropout must be in [0, 1), got {lora_dropout!r}")
 
