@@ -216,4 +216,4 @@ def test_packed_step_one_and_eight_devices_agree(tmp_path, stories_model, hh_pai
     s8, m8 = _steps(r8, mb, 2)
     for a, b in zip(m1, m8):
         for k in a:
-            np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=2e-5, err_msg=k)
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)   # measured: 7.6e-6 abs
