@@ -14,10 +14,12 @@ Passes (each arm in its own process, so its peak RSS is its own):
 
 - ``behaviour``: ``jaxppo.data.behaviour.compute_behaviour_logprobs`` of (prompt, chosen) in batches of ``--batch``
   rows, ``packing`` False / True (the pass ``data.packing`` switches).
-- ``dpo``: forward + backward of the summed policy log-probs of each pair's chosen and rejected answers (the DPO
-  loss's model part; no optimizer; real tokens: each pair's prompt once and both answers), ``--batch`` pairs a
-  step: ``padded_shared_prefix`` (the trainer's DPO step layout: ``CausalLM.shared_prefix_logprobs``), ``padded``
-  (the ``[2B, P+R]`` stack) and ``packed`` (the stack's packed rows, ``CausalLM.packed_logprobs``). The trainer's DPO step itself is not packed yet.
+- ``dpo``: ``--batch`` pairs a step (real tokens: each pair's prompt once and both answers):
+  ``padded_shared_prefix`` and ``packed`` are the trainer's jitted DPO step (``jaxppo.trainer.dpo.steps.make_dpo_step``:
+  sigmoid loss, plain SGD, one micro-batch) on the padded batch (its shared-prefix layout,
+  ``CausalLM.shared_prefix_logprobs``) and on the batch with its packed rows (``data.packing``: ``plan_pairs`` of the
+  ``[2B, P+R]`` stack, planned before the timing, ``CausalLM.packed_logprobs``); ``padded`` is the forward + backward
+  of the summed log-probs of the ``[2B, P+R]`` stack (the loss's model part, no optimizer).
 - ``reward``: the reward-model train step (``jaxppo.rewards.model_training.make_train_step``: Bradley-Terry loss,
   AdamW) over ``--batch`` pairs a step, ``iterate_batches(packing=False / True)`` (what ``data.packing`` switches).
 - ``ppo`` / ``grpo``: ``--steps`` jitted update steps of the trainer (``trainer.ppo.build.assemble_run``, the
@@ -139,7 +141,6 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
     import numpy as np
     from flax import nnx
 
-    from jaxppo.models.packing import pack
 
     arrays = load_pairs(args.prompt_len, args.response_len, args.rows)
     pi, pm = arrays["prompt_ids"], arrays["prompt_mask"]
@@ -170,19 +171,7 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
             return (cat("prompt_ids", "prompt_ids"), cat("prompt_mask", "prompt_mask"), cat("chosen_ids", "rejected_ids"),
                     cat("chosen_mask", "rejected_mask"))
 
-        if arm == "packed":
-            plans = [pack(*stack(b)) for b in todo]
-            packed_slots[0] = sum(int(p.ids.size) for p in plans)
-
-            @jax.jit
-            def grad(st, plan, r_ids, r_mask):
-                return jax.grad(lambda s: nnx.merge(graphdef, s).packed_logprobs(plan, r_ids, r_mask).sum())(st)
-
-            def fn():
-                for b, plan in zip(todo, plans):
-                    s = stack(b)
-                    jax.block_until_ready(grad(state, plan, s[2], s[3]))
-        elif arm == "padded":
+        if arm == "padded":
             @jax.jit
             def grad(st, *s):
                 return jax.grad(lambda q: nnx.merge(graphdef, q).continuation_logprobs(*s).sum())(st)
@@ -190,21 +179,33 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
             def fn():
                 for b in todo:
                     jax.block_until_ready(grad(state, *stack(b)))
-        else:
-            slots = sum(int(b["prompt_mask"].size + b["chosen_mask"].size + b["rejected_mask"].size) for b in todo)
+        else:   # the trainer's DPO step, padded (shared prefix) or packed
+            import optax
 
-            @jax.jit
-            def grad(st, p_ids, p_mask, c_ids, c_mask, r_ids, r_mask):
-                def loss(q):
-                    lp = nnx.merge(graphdef, q).shared_prefix_logprobs(
-                        p_ids, p_mask, jnp.stack([c_ids, r_ids], 1), jnp.stack([c_mask, r_mask], 1))
-                    return lp.sum()
-                return jax.grad(loss)(st)
+            from jaxppo.trainer.dpo.steps import DPOHParams, DPOState, make_dpo_step, plan_pairs
+
+            if arm == "padded_shared_prefix":
+                slots = sum(int(b["prompt_mask"].size + b["chosen_mask"].size + b["rejected_mask"].size) for b in todo)
+            zeros = np.zeros(args.batch, np.float32)
+            steps_in = [dict({k: b[k] for k in ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask",
+                                                "rejected_ids", "rejected_mask")}, ref_chosen=zeros, ref_rejected=zeros)
+                        for b in todo]
+            if arm == "packed":
+                steps_in = [dict(b, packed=plan_pairs(b, args.batch)) for b in steps_in]
+                packed_slots[0] = sum(int(b["packed"].ids.size) for b in steps_in)
+            hp = DPOHParams(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0,
+                            micro_batch_size=args.batch)
+            tx = optax.inject_hyperparams(optax.sgd)(learning_rate=1e-6)
+            step = make_dpo_step(graphdef, tx, optax.constant_schedule(1e-6), hp)
+            z = lambda dt: jnp.zeros((), dt)  # noqa: E731
+            holder = {"s": DPOState(step=z(jnp.int32), actor=state, actor_opt=tx.init(state),
+                                    lr_scale=jnp.ones((), jnp.float32), nan_total=z(jnp.int32),
+                                    nan_streak=z(jnp.int32), data_cursor=z(jnp.int32))}
 
             def fn():
-                for b in todo:
-                    jax.block_until_ready(grad(state, b["prompt_ids"], b["prompt_mask"], b["chosen_ids"],
-                                               b["chosen_mask"], b["rejected_ids"], b["rejected_mask"]))
+                for b in steps_in:
+                    holder["s"], m = step(holder["s"], b)
+                jax.block_until_ready(m["loss"])
     elif pass_name == "reward":
         from jaxppo.config.schema import RewardConfig
         from jaxppo.optim import lr_schedule

@@ -267,7 +267,7 @@ class DataConfig:
     chat_template_file: str | None = None
     behaviour_batch_size: int = field(32, ge=1)  # batch size of the behaviour log-prob pass
     # run packed rows without padding: behaviour/reference log-probs, held-out perplexity, reward-model train/eval,
-    # the PPO prepare pass and update (replay.group_size 1)
+    # the PPO prepare pass and update (replay.group_size 1), the DPO-family step and its pair log-prob pass
     packing: bool = False
     collect_if_missing: bool = False  # train: run jaxppo.collect into data.path's folder when the file is missing
     # Gaussian noise (this sd) added to the training rows' scores, drawn per row from trainer.seed (data.label_noise)

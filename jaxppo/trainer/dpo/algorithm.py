@@ -48,6 +48,8 @@ from jaxppo.trainer.dpo.steps import (
     batch_indices,
     make_dpo_step,
     pair_logps,
+    plan_pairs,
+    plan_shardings,
 )
 from jaxppo.trainer.harness import Algorithm, check_rows
 from jaxppo.trainer.harness import fit as fit_with
@@ -73,6 +75,7 @@ class DPORun(PolicyRun):
     heldout: dict[str, np.ndarray]
     batch_shardings: dict[str, Any]
     report: Any = None
+    programs: Any = None            # data.packing: the packed update's ProgramLog (one compiled program per shape)
 
 
 def check_dpo_config(cfg: Any, n_devices: int) -> None:
@@ -204,11 +207,17 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
                      nan_streak=scalar(0, jnp.int32), data_cursor=scalar(0, jnp.int32))
     state = replicate_leaves(state, mesh)
     batch_sh = {k: batch_sharding(mesh, train[k].ndim) for k in (KTO_KEYS if cfg.dpo.loss_type == "kto" else PAIR_KEYS)}
+    programs = None
+    if cfg.data.packing:   # each batch's [2B] stack as packed rows, planned on the host (make_batch)
+        from jaxppo.models.packing import ProgramLog
+
+        batch_sh["packed"] = plan_shardings(mesh)
+        programs = ProgramLog()
     step = make_dpo_step(pol.graphdef, tx, lr_schedule(cfg.actor.optim, total), DPOHParams.from_config(cfg.dpo),
                          state_shardings=shardings_of(state), batch_shardings=batch_sh, mesh=mesh, base=pol.base,
                          lora_dropout=0.0 if spec is None else spec.dropout, seed=cfg.trainer.seed)
     return DPORun(cfg=cfg, mesh=mesh, tokenizer=tokenizer, model_path=model_path, parts=pol, state=state, step=step,
-                  train=train, heldout=heldout, batch_shardings=batch_sh, report=report)
+                  train=train, heldout=heldout, batch_shardings=batch_sh, report=report, programs=programs)
 
 
 def batch_rows(run: DPORun, cursor: int) -> np.ndarray:
@@ -218,9 +227,24 @@ def batch_rows(run: DPORun, cursor: int) -> np.ndarray:
 
 def make_batch(run: DPORun, cursor: int, rows: np.ndarray | None = None) -> dict[str, jax.Array]:
     """The training rows at stream positions ``cursor ..`` on the mesh (every key of the run's batch shardings);
-    ``rows``: their :func:`batch_rows` when the caller has them."""
+    ``rows``: their :func:`batch_rows` when the caller has them. With ``data.packing`` the batch also carries
+    ``"packed"``: its pairs' packed rows for the step's micro-batches (``steps.plan_pairs``), planned here on the
+    host; a new packed shape (a new compiled program) is logged."""
+    from jaxppo.parallel import batch_divisor
+
     idx = batch_rows(run, cursor) if rows is None else rows
-    return {k: from_host(run.train[k][idx], sh) for k, sh in run.batch_shardings.items()}
+    host = {k: run.train[k][idx] for k in run.batch_shardings if k != "packed"}
+    batch = {k: from_host(v, run.batch_shardings[k]) for k, v in host.items()}
+    if "packed" in run.batch_shardings:
+        d = run.cfg.dpo
+        plan = plan_pairs(host, int(d.micro_batch_size or d.batch_size), multiple_of=batch_divisor(run.mesh))
+        if run.programs is not None:
+            new = tuple(plan.ids.shape) not in run.programs.shapes
+            run.programs.add(plan)
+            if new:
+                run.programs.log("DPO update")
+        batch["packed"] = type(plan)(*(from_host(a, sh) for a, sh in zip(plan, run.batch_shardings["packed"])))
+    return batch
 
 
 def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
@@ -229,7 +253,8 @@ def pair_metrics(run: DPORun, params: Any, arrays: dict[str, np.ndarray]) -> tup
     from jaxppo.ops import dpo_loss
 
     d = run.cfg.dpo
-    pc, pr = pair_logps(run.actor_gd, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size)
+    pc, pr = pair_logps(run.actor_gd, run.params_of(params), arrays, run.cfg.data.behaviour_batch_size,
+                        packing=run.cfg.data.packing)
     if d.loss_type == "kto":   # right: a desirable row's implicit reward above the reference point, else below
         from jaxppo.ops.kto import kto_pair_loss
 

@@ -15,6 +15,14 @@ and the loss is ``mean_pairs dpo_loss(...)`` (``jaxppo.ops.dpo_loss``, TRL's for
 ``j, j + B/mb, ...``: ``jaxppo.trainer.micro``, the split of the PPO step) whose gradients (and metrics) are
 averaged, which equals the full-batch mean because the micro-batches have equal size.
 
+Packed rows (``data.packing``): the batch carries ``"packed"``, the packed layout of its ``[2B, P+R]`` stack planned
+on the host by :func:`plan_pairs` (``jaxppo.trainer.packed.plan_pieces`` with one piece per micro-batch: the
+strided split of the stack hands micro-batch ``j`` the chosen rows of its pairs, then their rejected rows, and its
+own plan). The policy's forward then runs on the packed rows (``CausalLM.packed_logprobs``) and its log-probs come
+back as ``[B]`` chosen / rejected, so the losses and metrics are the padded step's up to float32 summation order.
+Adapter dropout draws its masks over the packed rows' shape, so with ``lora_dropout > 0`` the packed and padded
+steps draw different (equally distributed) masks; without dropout they agree.
+
 Order of pairs: shuffled epochs. Pair ``c`` of the stream (``c = 0, 1, ...``; the state's ``data_cursor`` is the
 next one) is ``perm_e[c mod N]`` with ``e = c div N`` and ``perm_e = jax.random.permutation(fold_in(PRNGKey(seed),
 e), N)``: a function of (seed, cursor) only, so a resumed run draws the same batches.
@@ -46,6 +54,7 @@ from jaxppo.optim import all_finite, learning_rate_of, set_learning_rate
 from jaxppo.parallel.host import to_host
 from jaxppo.trainer.micro import micro_grads
 from jaxppo.trainer.nan_skip import keep_if_finite, skip_counts, skipped_metric
+from jaxppo.trainer.packed import packed_shardings, plan_pieces
 from jaxppo.trainer.with_base import jit_step
 
 PAIR_KEYS = ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask",
@@ -109,15 +118,44 @@ def pair_stack(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.A
     return p_ids, p_mask, r_ids, r_mask
 
 
+def stack_fields(batch: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The token fields (``jaxppo.trainer.packed.TOKEN_FIELDS``) of a host batch's ``[2B]`` stack, chosen rows
+    then rejected rows (:func:`pair_stack` in numpy)."""
+    cat = lambda a, b: np.concatenate([np.asarray(batch[a]), np.asarray(batch[b])])  # noqa: E731
+    return {"prompt_ids": cat("prompt_ids", "prompt_ids"), "prompt_mask": cat("prompt_mask", "prompt_mask"),
+            "response_ids": cat("chosen_ids", "rejected_ids"), "response_mask": cat("chosen_mask", "rejected_mask")}
+
+
+def plan_pairs(batch: dict[str, Any], micro_batch_size: int, *, multiple_of: int = 1, buckets: int = 8):
+    """The packed layout (``jaxppo.models.packing.Packed``) of a host batch of ``B`` pairs for the step's
+    ``B / micro_batch_size`` strided micro-batches (module doc): ``plan_pieces`` of the ``[2B]`` stack, whose strided
+    piece ``j`` is micro-batch ``j``'s chosen rows then its rejected rows. Row arrays ``[n·N, L]``, sequence arrays
+    ``[2B, ...]``; ``N`` a multiple of ``multiple_of`` (the data-parallel size), one of at most ``buckets`` values."""
+    b = np.asarray(batch["prompt_ids"]).shape[0]
+    if micro_batch_size < 1 or b % micro_batch_size:
+        raise ValueError(f"plan_pairs: batch of {b} pairs is not a multiple of micro_batch_size={micro_batch_size}")
+    return plan_pieces(stack_fields(batch), b // micro_batch_size, multiple_of=multiple_of, buckets=buckets)
+
+
+def plan_shardings(mesh: Any):
+    """The shardings of a :func:`plan_pairs` plan on ``mesh`` (every array's rows over the batch axes)."""
+    return packed_shardings(mesh)
+
+
 def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array], lora_key: jax.Array | None = None
                       ) -> tuple[jax.Array, jax.Array]:
-    """``(logp_chosen [B], logp_rejected [B])``: summed response log-probs, one forward over ``[2B, P+R]``.
+    """``(logp_chosen [B], logp_rejected [B])``: summed response log-probs, one forward over ``[2B, P+R]``
+    (the shared-prefix layout, or the packed rows of ``batch["packed"]`` when it is there: module doc).
     ``params``: the model's state, or with adapters the pair ``(trainable, base)`` (``jaxppo.models.adapters``);
     ``lora_key``: adapter dropout (the update's loss only)."""
     model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
+    b = batch["prompt_ids"].shape[0]
+    if batch.get("packed") is not None:    # the [2B] stack's packed rows, chosen then rejected
+        _, _, r_ids, r_mask = pair_stack(batch)
+        lp = model.packed_logprobs(batch["packed"], r_ids, r_mask, lora_key=lora_key).sum(axis=1)
+        return lp[:b], lp[b:]
     if lora_key is not None:   # adapter dropout draws its masks per row of the [2B, P+R] stack
         lp = model.continuation_logprobs(*pair_stack(batch), lora_key=lora_key).sum(axis=1)
-        b = batch["prompt_ids"].shape[0]
         return lp[:b], lp[b:]
     responses = jnp.stack([batch["chosen_ids"], batch["rejected_ids"]], axis=1)       # [B, 2, R]
     masks = jnp.stack([batch["chosen_mask"], batch["rejected_mask"]], axis=1)
@@ -156,7 +194,9 @@ def make_dpo_step(graphdef: Any, tx: optax.GradientTransformation, schedule: opt
     strided ones of every trainer (``jaxppo.trainer.micro.micro_grads``); with ``mesh`` they are constrained to
     stay split over the batch axes. With adapters ``state.actor`` is the trainable part and ``base`` the frozen
     one, a third, non-donated argument of the jitted function that the returned callable binds. ``lora_dropout``
-    (the adapters' ``LoraSpec.dropout``) and ``seed`` (``trainer.seed``): the adapter dropout of the loss."""
+    (the adapters' ``LoraSpec.dropout``) and ``seed`` (``trainer.seed``): the adapter dropout of the loss. A batch
+    with ``"packed"`` (:func:`plan_pairs` for ``hp.micro_batch_size``; with ``batch_shardings``, its shardings under
+    ``"packed"``: :func:`plan_shardings`) runs its forward on the packed rows (module doc)."""
     if not 0.0 <= lora_dropout < 1.0:
         raise ValueError(f"make_dpo_step: lora_dropout must be in [0, 1), got {lora_dropout!r}")
 
@@ -203,26 +243,37 @@ def _pair_logps_jit(graphdef, params, batch):
     return policy_pair_logps(graphdef, params, batch)
 
 
-def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_size: int) -> tuple[np.ndarray,
-                                                                                                   np.ndarray]:
+def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_size: int, packing: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
     """Summed policy log-probs ``(chosen [N], rejected [N])`` of all pairs of ``arrays`` (batched, one compiled
-    shape: the last batch is padded with copies of its first row and cut)."""
+    shape: the last batch is padded with copies of its first row and cut). ``packing``: each batch's ``[2B]`` stack
+    runs as packed rows (:func:`plan_pairs`, one piece; at most 8 programs, logged via ``packing.ProgramLog``)."""
+    from jaxppo.data.behaviour import batch_multiple
+    from jaxppo.models.packing import ProgramLog
+
     n = arrays["prompt_ids"].shape[0]
     if n == 0:
         return np.zeros(0, np.float32), np.zeros(0, np.float32)
     bs = min(batch_size, n)
     keys = PAIR_KEYS[:6]
+    programs = ProgramLog() if packing else None
+    multiple = batch_multiple(params) if packing else 1
     out_c, out_r = [], []
     for s in range(0, n, bs):
         chunk = {k: np.asarray(arrays[k][s:s + bs]) for k in keys}
         m = chunk["prompt_ids"].shape[0]
         if m < bs:
             chunk = {k: np.concatenate([v, np.repeat(v[:1], bs - m, axis=0)]) for k, v in chunk.items()}
+        if programs is not None:
+            chunk["packed"] = plan_pairs(chunk, bs, multiple_of=multiple)
+            programs.add(chunk["packed"])
         c, r = _pair_logps_jit(graphdef, params, chunk)
         out_c.append(to_host(c)[:m])
         out_r.append(to_host(r)[:m])
+    if programs is not None:
+        programs.log("DPO pair log-prob pass")
     return np.concatenate(out_c).astype(np.float32), np.concatenate(out_r).astype(np.float32)
 
 
 __all__ = ["DPOHParams", "DPOState", "KTO_KEYS", "PAIR_KEYS", "batch_indices", "make_dpo_step", "pair_logps", "pair_loss",
-           "pair_stack", "policy_pair_logps"]
+           "pair_stack", "plan_pairs", "plan_shardings", "policy_pair_logps", "stack_fields"]
