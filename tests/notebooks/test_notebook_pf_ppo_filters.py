@@ -1,0 +1,10 @@
+"""notebooks/pf_ppo_filters.ipynb executes end to end with PROFILE="ci" (a file of its own: see tests/notebooks/ci_run.py)."""
+
+import pytest
+
+from tests.notebooks.ci_run import execute_ci_profile
+
+
+@pytest.mark.slow
+def test_notebook_executes_ci_profile(tmp_path):
+    execute_ci_profile("pf_ppo_filters", tmp_path)

@@ -1,0 +1,10 @@
+"""notebooks/ppo_vs_dpo_critic_free.ipynb executes end to end with PROFILE="ci" (a file of its own: see tests/notebooks/ci_run.py)."""
+
+import pytest
+
+from tests.notebooks.ci_run import execute_ci_profile
+
+
+@pytest.mark.slow
+def test_notebook_executes_ci_profile(tmp_path):
+    execute_ci_profile("ppo_vs_dpo_critic_free", tmp_path)
