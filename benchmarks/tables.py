@@ -240,10 +240,49 @@ def device_plans_table() -> str:
                 "measured peak GiB", "cap", "s/step", "record"], "lrlrrrrl", rows)
 
 
+def packing_table() -> str:
+    """Real tokens per second of each pass, padded vs packed rows (packing.py; HH-RLHF pairs, SmolLM2-135M shape)."""
+    rec = load("packing.json")
+    first: dict[tuple[str, tuple[int, int]], float] = {}
+    rows = []
+    for r in rec["records"]:
+        key = (r["pass"], tuple(r["caps"]))
+        base = first.setdefault(key, r["real_tokens_per_s"])
+        slots = f"{r['padded_slots']:,}" + (f" → {r['packed_slots']:,}" if r.get("packed_slots") else "")
+        rows.append([r["pass"], "+".join(str(c) for c in r["caps"]), r["arm"], f"{r['real_tokens_per_s']:,.0f}",
+                     f"{r['real_tokens_per_s'] / base:.2f}x", f"{r['median_s']:.2f}", slots,
+                     f"{r['peak_rss_mib']:,.0f}", f"{r['load_before'][0]:.2f}"])
+    return _md(["pass", "caps P+R", "arm", "real tokens/s", "vs the pass's first arm", "median s", "slots",
+                "peak RSS MiB", "load before"], "llllrrrrr", rows)
+
+
+def attention_table() -> str:
+    """Forward + backward of each attention implementation this CPU runs (attention.py), against the reference."""
+    rec = load("attention_cpu.json")
+    rows = []
+    for key, med in rec["median_s"].items():
+        dtype, seq, impl = key.split("/")
+        rows.append([dtype, seq, impl, f"{med * 1e3:.2f}", f"{rec['ratio_to_reference_median'][key]:.2f}"])
+    return _md(["dtype", "T", "implementation", "median ms", "time vs reference"], "lrlrr", rows)
+
+
+def quickstart_table() -> str:
+    """The main job from nothing (quickstart.py): wall time, its phases and its held-out result."""
+    r = load("quickstart.json")
+    lo, hi = r["eval/reward_gain_ci95"]
+    return _md(["wall s", "setup s (incl. collection)", "loop s", "of which updates s", "final evaluation s",
+                "held-out gain [95% CI]", "load before / after"], "rrrrrll",
+               [[f"{r['wall_s']:.0f}", f"{r['time/setup_s']:.0f}", f"{r['time/train_s']:.0f}",
+                 f"{r['update_steps_s']:.0f}", f"{r['time/eval_s']:.0f}",
+                 f"{r['eval/reward_gain']:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                 f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}"]])
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "ops": ops_table, "replay": replay_table, "layouts": layouts_table, "layer": layer_table, "matmul": matmul_table,
     "peers": peers_table, "peers-rounds": peers_rounds_table, "peers-ab": peers_ab_table, "train": train_table,
     "estimators": estimators_table, "device": device_table, "device-plans": device_plans_table,
+    "packing": packing_table, "attention": attention_table, "quickstart": quickstart_table,
 }
 DOCS: dict[str, tuple[str, ...]] = {
     "benchmarks/README.md": ("ops", "replay", "layouts", "layer", "matmul", "peers", "peers-rounds", "peers-ab",
