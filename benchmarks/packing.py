@@ -30,7 +30,9 @@ Passes (each arm in its own process, so its peak RSS is its own):
 
 The JSON record holds the date, machine (``benchmarks/machine.py``), load average before and after each arm, git
 commit, arguments, per arm the median seconds, real tokens / s, padded slots, packed slots and the child's peak RSS,
-and per pass the packed / padded speed-up. Run it on an idle machine.
+and per pass the packed / padded speed-up. An arm that fails (out of memory, say) is recorded with its error and the
+others go on; the record is rewritten after every arm (``complete`` says whether all ran). Run it on an idle
+machine.
 """
 
 from __future__ import annotations
@@ -280,9 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child_pass:
         return child(args)
-    from benchmarks.machine import describe, git_commit
-
-    records = []
+    records: list[dict] = []
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     for cap in args.caps:
         p, r = (int(x) for x in cap.split(","))
         for pass_name in args.passes.split(","):
@@ -295,33 +296,53 @@ def main(argv: list[str] | None = None) -> int:
                 proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                                       env=dict(os.environ, PYTHONPATH=str(REPO)))
                 line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-                if proc.returncode != 0 or not line:
-                    raise RuntimeError(f"{pass_name}/{arm} at {cap} failed: {proc.stderr.strip()[-2000:]}")
-                rec = {"caps": [p, r], **json.loads(line[-1][7:]), "load_before": load_before,
-                       "load_after": list(os.getloadavg())}
-                records.append(rec)
-                print(f"({p},{r}) {pass_name:9s} {arm:21s} {rec['real_tokens_per_s']:9.1f} real tok/s  "
-                      f"median {rec['median_s']:.2f} s  rss {rec['peak_rss_mib']:.0f} MiB  load {load_before[0]:.2f}",
-                      flush=True)
+                if proc.returncode != 0 or not line:   # e.g. out of memory: a result, recorded; the others go on
+                    err = [x for x in proc.stderr.strip().splitlines() if x.strip()][-1:] or [f"exit {proc.returncode}"]
+                    records.append({"caps": [p, r], "pass": pass_name, "arm": arm, "error": err[0][:500],
+                                    "load_before": load_before, "load_after": list(os.getloadavg())})
+                    print(f"({p},{r}) {pass_name:9s} {arm:21s} failed: {err[0][:200]}", flush=True)
+                else:
+                    rec = {"caps": [p, r], **json.loads(line[-1][7:]), "load_before": load_before,
+                           "load_after": list(os.getloadavg())}
+                    records.append(rec)
+                    print(f"({p},{r}) {pass_name:9s} {arm:21s} {rec['real_tokens_per_s']:9.1f} real tok/s  median "
+                          f"{rec['median_s']:.2f} s  rss {rec['peak_rss_mib']:.0f} MiB  load {load_before[0]:.2f}",
+                          flush=True)
+                write_record(args, started, records)   # after every arm: a stopped run keeps what it measured
+    speedups = write_record(args, started, records)
+    for k, v in speedups.items():
+        print(f"{k}: packed / padded = {v:.2f}x")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def speedups_of(records: list[dict]) -> dict[str, float]:
+    """``pass@P,R -> packed / padded`` real tokens per second (DPO: against the trainer's shared-prefix layout)."""
     speedups = {}
     for rec in records:
         if rec.get("arm") == "packed" and "median_s" in rec:
             base = [x for x in records if x["caps"] == rec["caps"] and x["pass"] == rec["pass"] and
                     x["arm"] == ("padded_shared_prefix" if rec["pass"] == "dpo" else "padded")]
-            if base:
+            if base and "real_tokens_per_s" in base[0]:
                 key = f"{rec['pass']}@{rec['caps'][0]},{rec['caps'][1]}"
                 speedups[key] = rec["real_tokens_per_s"] / base[0]["real_tokens_per_s"]
+    return speedups
+
+
+def write_record(args, started: str, records: list[dict]) -> dict[str, float]:
+    """Write the JSON record of the arms measured so far (``complete``: every arm has run); returns the speed-ups."""
+    from benchmarks.machine import describe, git_commit
+
+    speedups = speedups_of(records)
+    n_arms = len(args.caps) * sum(len(ARMS[p]) for p in args.passes.split(","))
     doc = {"what": "real tokens per second, packed vs padded, HH-RLHF pairs, SmolLM2-135M shape, float32",
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": git_commit(), "machine": describe(), "args": {k: v for k, v in vars(args).items()
-                                                                 if not k.startswith(("child", "prompt", "response"))},
+           "date": started, "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "complete": len(records) == n_arms, "commit": git_commit(), "machine": describe(),
+           "args": {k: v for k, v in vars(args).items() if not k.startswith(("child", "prompt", "response"))},
            "records": records, "speedup_packed_over_padded": speedups}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    for k, v in speedups.items():
-        print(f"{k}: packed / padded = {v:.2f}x")
-    print(f"wrote {args.out}")
-    return 0
+    return speedups
 
 
 if __name__ == "__main__":

@@ -247,6 +247,10 @@ def packing_table() -> str:
     rows = []
     for r in rec["records"]:
         key = (r["pass"], tuple(r["caps"]))
+        if "error" in r:
+            rows.append([r["pass"], "+".join(str(c) for c in r["caps"]), r["arm"], "failed: " + r["error"][:60], "",
+                         "", "", "", f"{r['load_before'][0]:.2f}"])
+            continue
         base = first.setdefault(key, r["real_tokens_per_s"])
         slots = f"{r['padded_slots']:,}" + (f" → {r['packed_slots']:,}" if r.get("packed_slots") else "")
         rows.append([r["pass"], "+".join(str(c) for c in r["caps"]), r["arm"], f"{r['real_tokens_per_s']:,.0f}",
@@ -263,7 +267,8 @@ def attention_table() -> str:
     for key, med in rec["median_s"].items():
         dtype, seq, impl = key.split("/")
         rows.append([dtype, seq, impl, f"{med * 1e3:.2f}", f"{rec['ratio_to_reference_median'][key]:.2f}"])
-    return _md(["dtype", "T", "implementation", "median ms", "time vs reference"], "lrlrr", rows)
+    return _md(["dtype", "T", "implementation", "median ms", "time / reference (median of rounds)"],
+               "lrlrr", rows)
 
 
 def quickstart_table() -> str:
@@ -286,7 +291,7 @@ TABLES: dict[str, Callable[[], str]] = {
 }
 DOCS: dict[str, tuple[str, ...]] = {
     "benchmarks/README.md": ("ops", "replay", "layouts", "layer", "matmul", "peers", "peers-rounds", "peers-ab",
-                             "train", "estimators", "device"),
+                             "train", "estimators", "attention", "quickstart", "device"),
     "launch/README.md": ("device-plans",),
 }
 
