@@ -26,9 +26,10 @@ def test_a_tiny_behaviour_pass_writes_the_record(tmp_path, monkeypatch):
 
 def test_a_failed_arm_is_recorded_and_has_no_speed_up(tmp_path):
     args = SimpleNamespace(caps=["24,8"], passes="dpo", out=str(tmp_path / "k.json"), rows=8)
-    ok = {"caps": [24, 8], "pass": "dpo", "arm": "padded_shared_prefix", "real_tokens_per_s": 10.0}
+    ok = {"caps": [24, 8], "pass": "dpo", "arm": "padded_shared_prefix", "median_s": 2.5,
+          "real_tokens_per_s": 10.0}
     failed = {"caps": [24, 8], "pass": "dpo", "arm": "padded", "error": "RESOURCE_EXHAUSTED: Out of memory"}
-    packed = {"caps": [24, 8], "pass": "dpo", "arm": "packed", "real_tokens_per_s": 25.0}
+    packed = {"caps": [24, 8], "pass": "dpo", "arm": "packed", "median_s": 1.0, "real_tokens_per_s": 25.0}
     assert K.write_record(args, "2026-01-01T00:00:00+00:00", [ok, failed]) == {}
     assert not json.loads((tmp_path / "k.json").read_text())["complete"]
     # DPO's speed-up is against the trainer's shared-prefix layout, whatever happened to the padded stack
