@@ -40,9 +40,10 @@ def ensure_smoke_data() -> None:
         assert res.returncode == 0, res.stderr[-3000:]
 
 
-def execute_ci_profile(name: str, tmp_path: Path) -> None:
+def execute_ci_profile(name: str, tmp_path: Path) -> list:
     """Execute notebook ``name`` with PROFILE="ci" (toy sweeps, 2 runs at a time: JOBS=2) into tmp_path; its
-    conclusion names every non-baseline variant with numbers and a rule-chosen verdict."""
+    conclusion names every non-baseline variant with numbers and a rule-chosen verdict. Returns the conclusion's
+    verdict lines (``VERDICT`` matches)."""
     import nbformat
     import papermill
 
@@ -66,3 +67,4 @@ def execute_ci_profile(name: str, tmp_path: Path) -> None:
         assert dlo <= d <= dhi and int(m.group(13)) == 2, (name, m.group(0))
     # the sweep outputs went to OUTPUT_ROOT, with results.csv and summary tables read from there
     assert list(out_root.glob("*_ci/results.csv")), name
+    return verdicts
