@@ -327,9 +327,10 @@ class Checkpointer:
                 self._verified.discard(s)
 
     # ------------------------------------------------------------------ restore
-    def _classify(self, step: int, like: Any, err: BaseException) -> CheckpointError:
-        """Why ``step`` did not restore: the stored tree's paths (``state/_METADATA``, plain JSON) or the shapes
-        and dtypes of its readable arrays differ from ``like`` -> mismatch; otherwise -> damaged."""
+    def _mismatch(self, step: int, like: Any, *, dtypes: bool = True) -> CheckpointError | None:
+        """A ``CheckpointMismatchError`` when the stored tree's paths (``state/_METADATA``, plain JSON) or the shapes
+        (and, with ``dtypes``, the dtypes) of its readable array headers differ from ``like``; a
+        ``CheckpointDamagedError`` when the tree metadata cannot be read; else ``None``. Reads metadata only."""
         where = f"checkpoint step {step} in {self.directory}"
         expected = tree_signature(like)
         try:
@@ -351,12 +352,23 @@ class Checkpointer:
         # an unreadable array header is not evidence of a mismatch: compare it as if it matched
         merged = {k: expected[k] if v == ("?", "?") and k in expected else v for k, v in stored.items()}
         diff = signature_diff(merged, expected)
+        if not dtypes and not signature_diff({k: (v[0], "") for k, v in merged.items()},
+                                             {k: (v[0], "") for k, v in expected.items()}):
+            diff = ""   # the paths and shapes agree; a dtype differing alone is cast by the restore
         if diff:
             return CheckpointMismatchError(
                 f"{where} does not match this run's state ({diff}). It was probably written by a run with another "
                 "model/data/config; use another trainer.output_dir or trainer.resume=never")
-        return CheckpointDamagedError(f"{where} is damaged (its files cannot be read: {type(err).__name__}: "
-                                      f"{str(err)[:300]})")
+        return None
+
+    def _classify(self, step: int, like: Any, err: BaseException) -> CheckpointError:
+        """Why ``step`` did not restore (``err``): a mismatch or unreadable metadata as :meth:`_mismatch` finds
+        them; otherwise the files are damaged."""
+        found = self._mismatch(step, like)
+        if found is not None:
+            return found
+        return CheckpointDamagedError(f"checkpoint step {step} in {self.directory} is damaged (its files cannot be "
+                                      f"read: {type(err).__name__}: {str(err)[:300]})")
 
     def restore(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """The state saved at ``step``, with the structure, dtypes and shardings of ``like``.
@@ -373,7 +385,12 @@ class Checkpointer:
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         # installed before the read: a cancelled read may report its closed-loop error before the except below runs
         _hold_back_closed_loop_errors()
+        # a checkpoint of another shape is found from its metadata before any read starts: Orbax's reads of it
+        # would fail later, on its own threads, with errors that name no file
         with _quiet_orbax():
+            found = self._mismatch(int(step), like, dtypes=False)
+            if isinstance(found, CheckpointMismatchError):
+                raise found
             try:
                 out = self.manager.restore(int(step), args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))

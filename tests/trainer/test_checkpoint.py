@@ -102,6 +102,25 @@ def test_mismatched_checkpoint_names_another_config(tmp_path):
     ck.close()
 
 
+def test_a_checkpoint_of_another_shape_is_refused_before_any_read(tmp_path, monkeypatch):
+    """The shapes come from the metadata: no array read starts (Orbax's reads of a checkpoint of another shape fail
+    later on its own threads with errors that name no file). A dtype differing alone is cast by the restore."""
+    ck = Checkpointer(tmp_path / "c", keep_last=2)
+    ck.save(1, _state([1.0, 2.0, 3.0]), {})
+    ck.wait()
+    reads = []
+    real = ck.manager.restore
+    monkeypatch.setattr(ck.manager, "restore", lambda *a, **k: reads.append(a) or real(*a, **k))
+    with pytest.raises(CheckpointMismatchError, match=r"actor/w: stored \(3,\) float32, expected \(4,\)"):
+        ck.restore(1, _state([0.0, 0.0, 0.0, 0.0]))
+    assert reads == []
+    like = _state([0.0, 0.0, 0.0]).replace(actor={"w": jnp.zeros(3, jnp.bfloat16)})
+    state, _ = ck.restore(1, like)
+    assert len(reads) == 1 and state.actor["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(state.actor["w"], np.float32), [1.0, 2.0, 3.0])
+    ck.close()
+
+
 def test_damaged_checkpoint_is_not_called_a_mismatch(tmp_path):
     ck = Checkpointer(tmp_path / "c", keep_last=3)
     ck.save(1, _state([1.0, 2.0, 3.0]), {})
