@@ -27,6 +27,14 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("JAXPPO_SHARED", REPO.parent / "shared"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files holding a ``slow`` test run first, the rest after them, each group in collection order: with
+    ``--dist loadfile`` (and ``--no-loadscope-reorder``, pyproject.toml) the workers take files in this order, so the
+    last files to run are short ones and the workers finish together."""
+    heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)   # stable: collection order otherwise
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The project's ``../shared`` assets folder; fails loudly when it is missing."""

@@ -78,6 +78,7 @@ def test_stories260k_plan_compiles_and_counts(stories_model):
     json.dumps(p)  # JSON-able
 
 
+@pytest.mark.slow
 def test_remat_auto_is_planned_for_the_target(stories_model):
     """On simulated devices (a plan for accelerators) model.remat 'auto' compiles the accelerator's program (nothing
     recomputed: the same temporaries as remat=false, and said so); a single real CPU device keeps the CPU's 'dots',
@@ -98,6 +99,7 @@ def test_remat_auto_is_planned_for_the_target(stories_model):
     assert temps(one["auto"]) < temps(one["false"])
 
 
+@pytest.mark.slow
 def test_layer_layout_is_planned_for_the_target(stories_model):
     """A 16-bit stack unrolls on the CPU and scans on an accelerator: on simulated devices the plan compiles the
     scanned stack (``config.layers``, the layout note in JSON and table), on one real CPU device the unrolled one,

@@ -33,8 +33,9 @@ is optional: without it ``trainer.eval_prompts`` comes from the base or the over
 budget). The sweep-owned keys may not appear in ``overrides`` or a variant.
 
 Profiles: ``--profile NAME`` merges ``profiles[NAME]`` into the file: mappings (``eval``, ``budget``,
-``variants``) merge key by key, ``overrides`` is *appended* to the file's overrides (so
-the profile's win), any other key replaces the file's value.
+``variants``) merge key by key (a variant set to null is left out, e.g. ``variants: {grpo_per: null}``),
+``overrides`` is *appended* to the file's overrides (so the profile's win), any other key replaces the file's
+value.
 
 Seeds: ``trainer.seed`` drives the replay sampling order (``TrainState.rng``), the critic head's initialisation
 and the evaluation key (``fold_in(PRNGKey(trainer.seed), 10007)``, so the reference evaluation at step 0 is the
@@ -286,6 +287,12 @@ def apply_profile(raw: dict, profile: str | None) -> dict:
             if not isinstance(old, (list, tuple)) or not isinstance(new, (list, tuple)):
                 _fail(f"profiles.{profile}.overrides: expected lists of dotted.key=value strings")
             data["overrides"] = [*old, *new]
+        elif k == "variants" and isinstance(v, Mapping) and isinstance(data.get(k), Mapping):
+            unknown = [n for n, ov in v.items() if ov is None and n not in data[k]]
+            if unknown:
+                _fail(f"profiles.{profile}.variants: {unknown[0]!r} is set to null (left out) but the file has no "
+                      f"such variant ({', '.join(map(str, data[k]))})")
+            data[k] = {n: ov for n, ov in {**data[k], **v}.items() if ov is not None}
         elif isinstance(v, Mapping) and isinstance(data.get(k), Mapping):
             data[k] = {**data[k], **v}
         else:

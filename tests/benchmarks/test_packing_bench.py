@@ -3,12 +3,15 @@ failed arm kept in the record without a speed-up."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from types import SimpleNamespace
 
 from benchmarks import packing as K
 
 
+@pytest.mark.slow
 def test_a_tiny_behaviour_pass_writes_the_record(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     out = tmp_path / "packing.json"

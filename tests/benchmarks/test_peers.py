@@ -88,6 +88,7 @@ def _env():
             "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
 
 
+@pytest.mark.slow
 def test_jaxppo_driver_runs_and_records(work):
     rec = _run_driver(sys.executable, "jaxppo", "fwdbwd", work, 1, _env())
     assert rec["tool"] == "jaxppo" and rec["unsupported"] is None
@@ -104,6 +105,7 @@ def test_jaxppo_driver_runs_and_records(work):
     assert lora["loss"] == dpo["loss"] and any("LoRA rank 8" in n for n in lora["notes"])
 
 
+@pytest.mark.slow
 def test_jaxppo_driver_rl_rows_run(work):
     """The GRPO and PPO rows run the PPO trainer's update code (make_phases / make_update / run_epochs); without
     a peer venv this is the only run they get in CI, so a change of that API fails here, not in the benchmark."""

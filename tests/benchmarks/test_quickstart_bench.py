@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from benchmarks import quickstart as Q
 
 
+@pytest.mark.slow
 def test_a_tiny_main_job_writes_the_record(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)   # the child runs on one CPU device, as a user's run would
     out = tmp_path / "qs.json"

@@ -24,6 +24,7 @@ def test_paired_ratio_by_hand():
     assert math.isnan(T.paired_ratio([1.0], [2.0])["lo"])
 
 
+@pytest.mark.slow
 def test_one_tiny_pair_writes_the_record(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)   # the child runs on one CPU device, as a user's run would
     out = tmp_path / "tt.json"

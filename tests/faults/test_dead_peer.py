@@ -48,6 +48,7 @@ def _final(out) -> dict:
             if isinstance(v, (int, float)) and not k.startswith(("time/", "perf/")) and k != "resumed_from"}
 
 
+@pytest.mark.slow
 def test_sigterm_at_a_random_step_then_resume_equals_the_uninterrupted_two_process_run(tmp_path, stories_model,
                                                                                        scored_data):
     import random
@@ -85,6 +86,7 @@ def test_sigterm_at_a_random_step_then_resume_equals_the_uninterrupted_two_proce
     assert len(final) > 5 and _final(out) == final, sorted(final)
 
 
+@pytest.mark.slow
 def test_a_dead_peer_is_one_line_naming_it_and_the_last_checkpoint(tmp_path, stories_model, scored_data):
     out = tmp_path / "run"
     ps = _start(stories_model, scored_data, out, tmp_path / "logs")

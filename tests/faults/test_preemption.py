@@ -3,6 +3,8 @@ stderr and exit status 75; the resumed run equals the uninterrupted one bit for 
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import random
@@ -69,6 +71,7 @@ def _signal_after(proc: subprocess.Popen, metrics: Path, step: int, sig: int, ti
     raise AssertionError(f"the run did not log step {step} (exit {proc.returncode})")
 
 
+@pytest.mark.slow
 def test_signal_at_a_random_step_saves_and_resumes_bit_for_bit(tmp_path, stories_model, scored_data, compile_cache):
     rng = random.SystemRandom()
     k = rng.randint(1, STEPS - 2)                         # logged steps before the signal
@@ -114,6 +117,7 @@ def _final(summary: Path) -> dict:
             if isinstance(v, (int, float)) and not k.startswith(("time/", "perf/")) and k != "resumed_from"}
 
 
+@pytest.mark.slow
 def test_dpo_sigterm_saves_and_the_resumed_run_ends_as_the_uninterrupted_one(tmp_path, stories_model, hh_pairs,
                                                                              compile_cache):
     steps = 4

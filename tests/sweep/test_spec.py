@@ -106,6 +106,20 @@ def test_profile_merges_mappings_appends_overrides_and_replaces_the_rest():
         parse_sweep(_raw(profiles={"ci": {"seed": [0]}}), profile="ci")
 
 
+def test_a_profile_leaves_out_a_variant_set_to_null():
+    three = {"uniform": ["replay.sampling=uniform"], "per": ["replay.alpha=0.6"], "pf": ["replay.alpha=0.8"]}
+    raw = _raw(variants=three, profiles={"ci": {"variants": {"per": None, "pf2": ["replay.alpha=1.0"]}}})
+    spec = parse_sweep(raw, profile="ci")
+    assert spec.variants == {"uniform": ("replay.sampling=uniform",), "pf": ("replay.alpha=0.8",),
+                             "pf2": ("replay.alpha=1.0",)}
+    assert [r.variant for r in plan_runs(spec)] == [v for v in ("uniform", "pf", "pf2") for _ in range(5)]
+    assert set(parse_sweep(raw).variants) == {"uniform", "per", "pf"}
+    with pytest.raises(SweepError, match=r"profiles\.ci\.variants: 'pre' is set to null .* no such variant"):
+        parse_sweep(_raw(profiles={"ci": {"variants": {"pre": None}}}), profile="ci")
+    with pytest.raises(SweepError, match=r"'uniform' is not a variant"):
+        parse_sweep(_raw(profiles={"ci": {"variants": {"uniform": None}}}), profile="ci")
+
+
 def test_cli_rejects_a_bad_sweep_before_any_run(tmp_path, capsys):
     from jaxppo.cli.sweep import main
 

@@ -25,6 +25,7 @@ def _deterministic(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith("perf/")}
 
 
+@pytest.mark.slow
 def test_resume_skips_a_damaged_newest_checkpoint(make_cfg, tmp_path):
     from jaxppo.trainer.ppo.algorithm import train
     from jaxppo.trainer.ppo.build import build_run
@@ -103,6 +104,7 @@ def test_cli_missing_model_path_is_one_line(tmp_path, stories_model, scored_data
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_resume_over_a_damaged_checkpoint_prints_one_warning_line(tmp_path, stories_model, scored_data,
                                                                       compile_cache):
     """The fallback handles a damaged newest checkpoint with ONE warning line on stderr (Orbax's own warnings and

@@ -123,6 +123,7 @@ def _copy(tree):
     return jax.tree.map(lambda x: x.copy(), tree)
 
 
+@pytest.mark.slow
 def test_micro_batches_and_prepare_chunks_spread_over_devices_and_match_one_device(make_cfg):
     """``n_micro = 8`` micro-batches of 8 rows on mesh fsdp=8: each micro-batch / prepare chunk must cost one row
     per device (per-device flops ~1/8 of the single-device program's), not 8 rows gathered on every device; the

@@ -178,6 +178,7 @@ def test_resume_from_the_step0_checkpoint(tmp_path, stories_model, hh_pairs):
     assert (ckpts / "2").is_dir()
 
 
+@pytest.mark.slow
 def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, hh_pairs, dpo_compile_cache):
     extra = ("trainer.eval_every=4",)
     cache = tmp_path / "cache"

@@ -27,6 +27,7 @@ def _cli(out: Path, stories_model, scored_data, cache: Path, *extra: str) -> sub
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, scored_data, compile_cache):
     extra = ("data.eval_fraction=0",)  # no held-out evaluation: only the training steps matter here
     res = kill_at_checkpoint_then_resume(lambda out: _cli(out, stories_model, scored_data, compile_cache, *extra),

@@ -60,6 +60,7 @@ def test_plan_hands_each_strided_micro_batch_its_own_layout():
             np.testing.assert_array_equal(got[own._fields.index(name)], getattr(own, name))
 
 
+@pytest.mark.slow
 def test_packed_update_equals_padded_for_ten_steps(make_cfg):
     """The smoke-size run: every metric of the first 10 steps and the final parameters agree (float32, 1e-5)."""
     padded = build_run(make_cfg("trainer.total_steps=10"), devices=jax.devices()[:1])
@@ -76,6 +77,7 @@ def test_packed_update_equals_padded_for_ten_steps(make_cfg):
     assert 1 <= len(packed.step.programs) <= 8       # bounded compiled programs (row budgets)
 
 
+@pytest.mark.slow
 def test_packed_prepare_follows_the_buffer_windows(make_cfg):
     """A dataset larger than the buffer: every window's prepared arrays (read after each refresh) and the metrics
     agree with the padded run's; the prepare plan is remade when a window is loaded."""
@@ -97,6 +99,7 @@ def test_packed_prepare_follows_the_buffer_windows(make_cfg):
             assert float(m1[k]) == pytest.approx(float(v), **TOL), (step, k)
 
 
+@pytest.mark.slow
 def test_packed_update_with_shared_trunk_and_critic_free(make_cfg):
     for extra in (["critic.share_trunk=true"], ["algorithm.adv_estimator=grpo", "replay.group_size=1"]):
         padded = build_run(make_cfg("trainer.total_steps=2", *extra), devices=jax.devices()[:1])
@@ -108,6 +111,7 @@ def test_packed_update_with_shared_trunk_and_critic_free(make_cfg):
                 assert b[k] == pytest.approx(a[k], **TOL), (extra, k)
 
 
+@pytest.mark.slow
 def test_packed_update_one_and_eight_devices_agree(make_cfg):
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 (simulated) devices")

@@ -261,6 +261,7 @@ def test_check_whole_groups_names_the_bad_group():
         check_whole_groups(bad, 4)
 
 
+@pytest.mark.slow
 def test_one_and_eight_devices_agree_with_whole_groups(make_cfg_module):
     """GAE + critic with replay.group_size=4 on one device and on 8 (data 2 x fsdp 2 x tensor 2; 16-row micro-batch,
     4 rows = one whole group per batch shard): the same metrics for 3 steps."""
@@ -283,6 +284,7 @@ def test_one_and_eight_devices_agree_with_whole_groups(make_cfg_module):
         build_run(make_cfg_module(*over, "actor.ppo_micro_batch_size=16", "mesh.data=8"), devices=jax.devices()[:8])
 
 
+@pytest.mark.slow
 def test_lora_with_dropout_and_whole_groups_trains(make_cfg_module):
     """Adapters (rank 4, dropout 0.3) over the frozen base with replay.group_size=4, GAE + critic: the adapter
     dropout keys reach the shared-prompt trunk, the steps are finite and the adapters move; with dropout 0 the
