@@ -101,7 +101,9 @@ def measure(method: str, out: Path) -> dict:
     rec = {"what": "HH-RLHF comparison: one method trained from its config, evaluated by the common command",
            "method": method, "label": label, "config": config, "data": data,
            "train_command": "jaxppo " + " ".join(train_cmd), "eval_command": "jaxppo " + " ".join(eval_cmd),
-           "train_wall_s": train_s,
+           # a run resumed from a checkpoint of an earlier process has no wall time of its whole training
+           "train_wall_s": None if summary.get("resumed_from") is not None else train_s,
+           "resumed_from": summary.get("resumed_from"),
            "summary": {k: summary[k] for k in SUMMARY_KEYS if k in summary},
            "eval": {k: ev[k] for k in EVAL_KEYS if k in ev},
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -114,6 +116,12 @@ def measure(method: str, out: Path) -> dict:
 def _interval(v) -> str:
     lo, hi = v
     return f"[{lo:+.3f}, {hi:+.3f}]"
+
+
+def _wall(r: dict) -> str:
+    if r.get("train_wall_s") is None:
+        return f"not measured (resumed at step {r.get('resumed_from')})"
+    return f"{r['train_wall_s'] / 60:.1f} min"
 
 
 def table(records: list[dict]) -> str:
@@ -135,7 +143,7 @@ def table(records: list[dict]) -> str:
                     f"{'n/a' if consumed is None else f'{int(consumed):,}'} | "
                     f"{e['eval/reward_reference']:+.3f} → {e['eval/reward_policy']:+.3f} | "
                     f"{e['eval/reward_gain']:+.3f} {_interval(e['eval/reward_gain_ci95'])} | {e['eval/kl']:.2f} | "
-                    f"{acc_s} | {r['train_wall_s'] / 60:.1f} min |")
+                    f"{acc_s} | {_wall(r)} |")
     return head + "\n" + "\n".join(rows)
 
 
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in args.methods:
             print(f"train + evaluate: {m}", flush=True)
             rec = measure(m, out)
-            print(f"  gain {rec['eval']['eval/reward_gain']:+.3f}, wall {rec['train_wall_s'] / 60:.1f} min", flush=True)
+            print(f"  gain {rec['eval']['eval/reward_gain']:+.3f}, wall {_wall(rec)}", flush=True)
     doc = REPO / args.doc
     doc.write_text(rewrite(doc.read_text(encoding="utf-8"), table(read_records(out))), encoding="utf-8")
     return 0

@@ -27,6 +27,12 @@ def test_rows_follow_the_method_order_and_count_answers():
     assert "| -0.100 → +0.025 | +0.125 [+0.025, +0.225] | 0.25 | 0.600 [0.550, 0.650] | 1.5 min |" in rows[0]
 
 
+def test_a_resumed_training_has_no_wall_time():
+    rec = {**_record("kto", 0.2), "train_wall_s": None, "resumed_from": 150}
+    [row] = table([rec]).splitlines()[2:]
+    assert row.startswith("| KTO") and row.endswith("| not measured (resumed at step 150) |")
+
+
 def test_the_committed_table_is_generated_from_the_records():
     doc = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
     assert TABLE_BEGIN in doc and TABLE_END in doc
