@@ -71,11 +71,12 @@ def response_hidden(trunk, batch: TokenFields, *, group_size: int = 1, lora_key=
 
 
 def response_logits(actor_gd, actor_params, batch: TokenFields, *, base=None, lora_key=None,
-                    group_size: int = 1, packed=None) -> jax.Array:
+                    group_size: int = 1) -> jax.Array:
     """``logits [B,R,V] f32`` of the response tokens under the policy ``actor_params`` (with adapters: the
-    trainable part, ``base`` the frozen one; ``jaxppo.models.adapters``). ``packed``: ``response_hidden``."""
+    trainable part, ``base`` the frozen one; ``jaxppo.models.adapters``). Row layout only: packed batches go through
+    :func:`response_logp_entropy`, whose LM head runs on the real response tokens only."""
     actor = merge_with_base(actor_gd, actor_params, base)
-    h = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key, packed=packed)
+    h = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key)
     return actor.logits_from_hidden(h).astype(jnp.float32)
 
 
@@ -91,17 +92,17 @@ def response_values(critic_gd, critic_params, batch: TokenFields, *, base=None, 
 
 def response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
                            share_trunk: bool, base=None, lora_key=None,
-                           group_size: int = 1, packed=None) -> tuple[jax.Array, jax.Array]:
+                           group_size: int = 1) -> tuple[jax.Array, jax.Array]:
     """``(logits [B,R,V] f32, values [B,R] f32)`` of the response tokens of ``batch`` (``lora_key`` only with
-    ``share_trunk``: one trunk pass, whose adapter dropout the value head sees too; ``packed``:
-    ``response_hidden``)."""
+    ``share_trunk``: one trunk pass, whose adapter dropout the value head sees too). Row layout only, as
+    :func:`response_logits`."""
     if not share_trunk:
         if lora_key is not None:
             raise ValueError("response_logits_values: lora_key with separate models; give each model its own key")
-        return (response_logits(actor_gd, actor_params, batch, base=base, group_size=group_size, packed=packed),
-                response_values(critic_gd, critic_params, batch, base=base, group_size=group_size, packed=packed))
+        return (response_logits(actor_gd, actor_params, batch, base=base, group_size=group_size),
+                response_values(critic_gd, critic_params, batch, base=base, group_size=group_size))
     actor = merge_with_base(actor_gd, actor_params, base)
-    h_r = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key, packed=packed)
+    h_r = response_hidden(actor.model, batch, group_size=group_size, lora_key=lora_key)
     logits = actor.logits_from_hidden(h_r).astype(jnp.float32)
     values = nnx.merge(critic_gd, critic_params)(h_r)
     return logits, values.astype(jnp.float32)
@@ -147,7 +148,8 @@ def response_logp_entropy_values(actor_gd, actor_params, critic_gd, critic_param
                 response_values(critic_gd, critic_params, batch, **kw))
     if packed is None:
         logits, values = response_logits_values(actor_gd, actor_params, critic_gd, critic_params, batch,
-                                                share_trunk=True, lora_key=lora_key, **kw)
+                                                share_trunk=True, lora_key=lora_key, base=base,
+                                                group_size=group_size)
         return logp_entropy(logits, batch.response_ids, batch.response_mask, entropy_grad=entropy_grad), values
     if int(group_size) != 1:
         raise ValueError("response_logp_entropy_values: packed batches are not combined with group_size > 1")
