@@ -1,6 +1,7 @@
 """Real processes: ``launch/multihost.py dpo`` trains ~64 HH-RLHF pairs on stories260K under 2 processes x 4 devices
 (``jax.distributed`` over 127.0.0.1, gloo CPU collectives) and its per-step losses equal those of 1 process x 8
-devices on the same (data=2, fsdp=4) mesh; only process 0 wrote files."""
+devices on the same (data=2, fsdp=4) mesh, with packed batches (``data.packing``: every process plans the same
+layout from the replicated batch; the padded layout runs in the SIGKILL test); only process 0 wrote files."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _overrides(stories_model: Path, hh_pairs: Path, out: Path) -> list[str]:
 def dpo_runs(tmp_path_factory, stories_model, hh_pairs):
     """(one, two, results of the 2 processes): 1 process x 8 devices and 2 processes x 4 devices (run together)."""
     return procs.one_and_two(tmp_path_factory.mktemp("mh_dpo"), "jaxppo.dpo", ["dpo"],
-                             lambda out: _overrides(stories_model, hh_pairs, out), timeout_two=1200)
+                             lambda out: [*_overrides(stories_model, hh_pairs, out), "data.packing=true"],
+                             timeout_two=1200)
 
 
 def test_dpo_two_processes_match_one(dpo_runs):
