@@ -82,6 +82,12 @@ def run(cmd: list[str]) -> float:
 
 
 
+def train_wall(seconds: float, summary: dict) -> float | None:
+    """The training's wall time: ``seconds``, or None when the run resumed after some steps of an earlier process
+    (``summary["resumed_from"]`` > 0; resumed at step 0, every step ran in this process)."""
+    return None if summary.get("resumed_from") else seconds
+
+
 def measure(method: str, out: Path) -> dict:
     """Train ``method`` from its config into ``runs/hh/<method>``, evaluate it, write ``out/<method>.json``."""
     from benchmarks.machine import describe, git_commit
@@ -101,8 +107,7 @@ def measure(method: str, out: Path) -> dict:
     rec = {"what": "HH-RLHF comparison: one method trained from its config, evaluated by the common command",
            "method": method, "label": label, "config": config, "data": data,
            "train_command": "jaxppo " + " ".join(train_cmd), "eval_command": "jaxppo " + " ".join(eval_cmd),
-           # a run resumed from a checkpoint of an earlier process has no wall time of its whole training
-           "train_wall_s": None if summary.get("resumed_from") is not None else train_s,
+           "train_wall_s": train_wall(train_s, summary),
            "resumed_from": summary.get("resumed_from"),
            "summary": {k: summary[k] for k in SUMMARY_KEYS if k in summary},
            "eval": {k: ev[k] for k in EVAL_KEYS if k in ev},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.hh_comparison import METHODS, TABLE_BEGIN, TABLE_END, read_records, rewrite, table
+from benchmarks.hh_comparison import METHODS, TABLE_BEGIN, TABLE_END, read_records, rewrite, table, train_wall
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,6 +31,8 @@ def test_a_resumed_training_has_no_wall_time():
     rec = {**_record("kto", 0.2), "train_wall_s": None, "resumed_from": 150}
     [row] = table([rec]).splitlines()[2:]
     assert row.startswith("| KTO") and row.endswith("| not measured (resumed at step 150) |")
+    assert train_wall(90.0, {"resumed_from": 150}) is None
+    assert train_wall(90.0, {"resumed_from": 0}) == train_wall(90.0, {}) == 90.0
 
 
 def test_the_committed_table_is_generated_from_the_records():
