@@ -15,14 +15,17 @@ from typing import Any, Sequence
 PROG = "python -m jaxppo.dpo"
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    """The short console summary of a DPO ``summary.json`` dict."""
+def format_summary(s: dict[str, Any], *, unpaired: bool = False) -> str:
+    """The short console summary of a DPO ``summary.json`` dict. ``unpaired`` (``dpo.loss_type=kto``): the counts
+    are labelled rows and the accuracy is the share whose implicit reward lies on their label's side of ``z0``."""
     lines = []
     if "eval/rewards/accuracies" in s:
         lo, hi = s["eval/rewards/accuracies_ci95"]
-        lines.append(f"held-out pair accuracy (implicit reward) {s['eval/rewards/accuracies']:.4f} "
-                     f"95% CI [{lo:.4f}, {hi:.4f}] on {s['n_heldout_pairs']} pairs; margin "
-                     f"{s['eval/rewards/margins']:+.4f}; training pairs {s['train/rewards/accuracies']:.4f}")
+        what, unit = ("label accuracy (implicit reward on the label's side of z0)", "rows") if unpaired else \
+            ("pair accuracy (implicit reward)", "pairs")
+        lines.append(f"held-out {what} {s['eval/rewards/accuracies']:.4f} "
+                     f"95% CI [{lo:.4f}, {hi:.4f}] on {s['n_heldout_pairs']} {unit}; margin "
+                     f"{s['eval/rewards/margins']:+.4f}; training {unit} {s['train/rewards/accuracies']:.4f}")
     if "eval/reward_after" in s:
         lo, hi = s["eval/reward_gain_ci95"]
         lines.append(f"held-out reward {s['eval/reward_before']:.4f} -> {s['eval/reward_after']:.4f} "
@@ -45,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_dpo(cfg)
 
     def report(summary: dict[str, Any]) -> None:
-        print(format_summary(summary))
+        print(format_summary(summary, unpaired=cfg.dpo.loss_type == "kto"))
         print(f"wrote {Path(cfg.trainer.output_dir) / 'summary.json'}")
 
     return run_cli(PROG, work, report, errors=(CheckpointError,))

@@ -60,17 +60,23 @@ def setup_logging(out_dir: str | Path | None = None, name: str = "log.txt") -> N
     is not preceded by INFO lines: absl's logging functions call ``logging.basicConfig()`` when the root logger has
     no handler (Orbax logs through absl when it is imported), which prints every record that reaches the root,
     jaxppo's INFO records included. So a plain stderr handler of the root (absl's) is raised to WARNING, and when the
-    root has no handler one at WARNING is added first, so absl adds none. Other root handlers (a caller's, pytest's)
-    are left as they are.
+    root has no handler one at WARNING is added first, so absl adds none. Records the command has printed already
+    (``extra=jaxppo.console.PRINTED``) are left out by that handler, so a warning is shown once. Other root handlers
+    (a caller's, pytest's) are left as they are.
     """
+    from jaxppo.console import not_printed
+
     top = logging.getLogger()
     for h in top.handlers:
-        if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__) and h.level < logging.WARNING:
-            h.setLevel(logging.WARNING)
+        if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__):
+            h.setLevel(max(h.level, logging.WARNING))
+            if not_printed not in h.filters:
+                h.addFilter(not_printed)
     if not top.handlers:
         h = logging.StreamHandler(sys.stderr)
         h.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
         h.setLevel(logging.WARNING)
+        h.addFilter(not_printed)
         top.addHandler(h)
     root = logging.getLogger("jaxppo")
     root.setLevel(logging.INFO)

@@ -12,6 +12,8 @@ import dataclasses
 import logging
 from typing import Callable
 
+from jaxppo.console import PRINTED
+
 logger = logging.getLogger("jaxppo.data")
 
 # reason -> what it means (used in messages and the docs of the validators)
@@ -183,13 +185,15 @@ class DataReport:
         return "\n".join(lines)
 
     def emit(self, print_fn: Callable[[str], None] | None = print) -> None:
-        """Print the summary (unless ``print_fn`` is None) and log it at INFO level."""
+        """Print the summary (unless ``print_fn`` is None) and log it at INFO level, its warnings at WARNING level
+        marked :data:`jaxppo.console.PRINTED`: every command prints the summary, here or later from the
+        ``data_report`` of its metrics (:func:`data_summary`)."""
         text = self.summary()
         if print_fn is not None:
             print_fn(text)
         logger.info(text)
         for line in self.warnings():
-            logger.warning(line)
+            logger.warning(line, extra=PRINTED)
 
     def merge(self, other: "DataReport") -> None:
         """Add ``other``'s skip/truncation counters into this report (rows counters untouched)."""

@@ -132,11 +132,15 @@ setup_logging(sys.argv[1], "x.log")
 log = logging.getLogger("jaxppo.probe")
 log.info("an info record")
 log.warning("a warning record")
+from jaxppo.console import PRINTED
+log.warning("a printed warning", extra=PRINTED)   # the command printed it: not again on stderr
 import orbax.checkpoint._src.serialization.type_handler_registry  # noqa: F401
 """
 
 
 def test_info_records_go_to_the_log_file_not_stderr(tmp_path):
+    """INFO records go to the log file only, warnings to stderr too, but a warning the command printed already
+    (``jaxppo.console.PRINTED``) only to the file."""
     import subprocess
     import sys
 
@@ -148,3 +152,4 @@ def test_info_records_go_to_the_log_file_not_stderr(tmp_path):
     assert res.stderr.strip().splitlines() == ["WARNING:jaxppo.probe:a warning record"], res.stderr[-3000:]
     text = (tmp_path / "out" / "x.log").read_text()
     assert "INFO an info record" in text and "WARNING a warning record" in text
+    assert "WARNING a printed warning" in text
