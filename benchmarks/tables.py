@@ -240,24 +240,31 @@ def device_plans_table() -> str:
                 "measured peak GiB", "cap", "s/step", "record"], "lrlrrrrl", rows)
 
 
-def packing_table() -> str:
-    """Real tokens per second of each pass, padded vs packed rows (packing.py; HH-RLHF pairs, SmolLM2-135M shape)."""
-    rec = load("packing.json")
-    first: dict[tuple[str, tuple[int, int]], float] = {}
-    rows = []
-    for r in rec["records"]:
-        key = (r["pass"], tuple(r["caps"]))
+def packing_table(rec: dict | None = None) -> str:
+    """Real tokens per second of each pass, padded vs packed rows (packing.py; HH-RLHF pairs, SmolLM2-135M shape):
+    one row per (caps, pass), the packed / padded ratio (DPO: against the trainer's shared-prefix layout) or why
+    there is none (an arm that failed, with its error)."""
+    rec = load("packing.json") if rec is None else rec
+    by = {(tuple(r["caps"]), r["pass"], r["arm"]): r for r in rec["records"]}
+    order = list(dict.fromkeys((tuple(r["caps"]), r["pass"]) for r in rec["records"]))
+
+    def rate(r: dict | None) -> str:
+        if r is None:
+            return "not run"
         if "error" in r:
-            rows.append([r["pass"], "+".join(str(c) for c in r["caps"]), r["arm"], "failed: " + r["error"][:60], "",
-                         "", "", "", f"{r['load_before'][0]:.2f}"])
-            continue
-        base = first.setdefault(key, r["real_tokens_per_s"])
-        slots = f"{r['padded_slots']:,}" + (f" → {r['packed_slots']:,}" if r.get("packed_slots") else "")
-        rows.append([r["pass"], "+".join(str(c) for c in r["caps"]), r["arm"], f"{r['real_tokens_per_s']:,.0f}",
-                     f"{r['real_tokens_per_s'] / base:.2f}x", f"{r['median_s']:.2f}", slots,
-                     f"{r['peak_rss_mib']:,.0f}", f"{r['load_before'][0]:.2f}"])
-    return _md(["pass", "caps P+R", "arm", "real tokens/s", "vs the pass's first arm", "median s", "slots",
-                "peak RSS MiB", "load before"], "llllrrrrr", rows)
+            return "failed: " + r["error"].split(":")[-1].strip()[:48]
+        return f"{r['real_tokens_per_s']:,.0f} ({r['peak_rss_mib']:,.0f} MiB)"
+
+    rows = []
+    for caps, pas in order:
+        padded = by.get((caps, pas, "padded_shared_prefix" if pas == "dpo" else "padded"))
+        packed = by.get((caps, pas, "packed"))
+        ok = padded is not None and packed is not None and "error" not in padded and "error" not in packed
+        ratio = f"{packed['real_tokens_per_s'] / padded['real_tokens_per_s']:.2f}x" if ok else "n/a"
+        stack = rate(by.get((caps, pas, "padded"))) if pas == "dpo" else ""
+        rows.append([f"{caps[0]}+{caps[1]}", pas, rate(padded), stack, rate(packed), ratio])
+    return _md(["caps P+R", "pass", "padded: real tokens/s (peak RSS)", "DPO padded [2B] stack",
+                "packed: real tokens/s (peak RSS)", "packed / padded"], "llrrrr", rows)
 
 
 def attention_table() -> str:
@@ -291,7 +298,7 @@ TABLES: dict[str, Callable[[], str]] = {
 }
 DOCS: dict[str, tuple[str, ...]] = {
     "benchmarks/README.md": ("ops", "replay", "layouts", "layer", "matmul", "peers", "peers-rounds", "peers-ab",
-                             "train", "estimators", "attention", "quickstart", "device"),
+                             "train", "estimators", "attention", "packing", "quickstart", "device"),
     "launch/README.md": ("device-plans",),
 }
 

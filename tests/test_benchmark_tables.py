@@ -45,3 +45,22 @@ def test_records_the_docs_name_exist():
         assert (tables.RESULTS / rel).is_file(), rel
     for name in tables.DEVICE_CURRENT:
         assert (tables.RESULTS / "device" / f"{name}.json").is_file(), name
+
+
+def test_packing_table_by_hand():
+    def arm(caps, pas, name, rate=None, error=None):
+        r = {"caps": list(caps), "pass": pas, "arm": name}
+        return dict(r, error=error) if error else dict(r, real_tokens_per_s=rate, peak_rss_mib=1024.0)
+
+    rec = {"records": [arm((512, 256), "dpo", "padded_shared_prefix", 50.0),
+                       arm((512, 256), "dpo", "padded", error="JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory"),
+                       arm((512, 256), "dpo", "packed", 150.0),
+                       arm((512, 256), "reward", "padded", error="JaxRuntimeError: INTERNAL: Out of memory"),
+                       arm((512, 256), "reward", "packed", 300.0),
+                       arm((256, 128), "ppo", "padded", 100.0)]}
+    rows = tables.packing_table(rec).splitlines()[2:]
+    assert rows == [
+        "| 512+256 | dpo | 50 (1,024 MiB) | failed: Out of memory | 150 (1,024 MiB) | 3.00x |",
+        "| 512+256 | reward | failed: Out of memory |  | 300 (1,024 MiB) | n/a |",
+        "| 256+128 | ppo | 100 (1,024 MiB) |  | not run | n/a |",
+    ]
