@@ -13,6 +13,7 @@ PKG = REPO / "jaxppo"
 
 #: bottom first; a module may import its own package and the packages of lower rows only
 LAYERS: list[tuple[str, ...]] = [
+    ("jaxppo.console",),        # what the commands print vs only log (the standard library's logging only)
     ("jaxppo.registry",),
     ("jaxppo.ops",),
     ("jaxppo.parallel",),
@@ -31,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
      "jaxppo.prompts", "jaxppo.plan"),
 ]
 #: the docs' sentence, bottom first (the command-line row is written "command lines")
-SENTENCE = ["registry", "ops", "parallel", "config", "replay", "models", "optim", "hf", "data", "rewards", "trainer",
+SENTENCE = ["console", "registry", "ops", "parallel", "config", "replay", "models", "optim", "hf", "data", "rewards", "trainer",
             "config_names", "sweeps", "command lines"]
 
 
