@@ -28,7 +28,7 @@ from typing import Any, Callable
 import jax
 
 from jaxppo.config import ConfigError, to_dict
-from jaxppo.console import PRINTED
+from jaxppo.console import warn
 from jaxppo.parallel.host import is_main_process
 from jaxppo.trainer.run_folder import RunLock
 from jaxppo.trainer.checkpoint import Checkpointer
@@ -115,8 +115,7 @@ def lock_run_folder(out: Path) -> RunLock:
                 note = (f"{note}; " if note else "") + (f"removed {len(removed)} unfinished checkpoint folder(s) of an "
                                                         f"interrupted write: {', '.join(p.name for p in removed)}")
             if note:
-                logger.warning("%s", note, extra=PRINTED)
-                print(f"note: {note}", flush=True)
+                warn(logger, note, label="note")
     if jax.process_count() > 1:
         import numpy as np
 

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxppo.config import ConfigError
-from jaxppo.console import PRINTED
+from jaxppo.console import warn
 from jaxppo.parallel.host import from_host, host_scalar, to_host
 from jaxppo.trainer.dpo.steps import (
     KTO_KEYS,
@@ -393,8 +393,7 @@ def _reward_eval(run: DPORun, state: DPOState, out: Path, summary: dict[str, Any
     if rc.kind == "model" and (not rc.model_path or not Path(rc.model_path).exists()):
         msg = (f"reward.kind=model but there is no reward model at reward.model_path={rc.model_path!r}: skipping the "
                "held-out reward evaluation (train one with `python -m jaxppo.reward train`); pair accuracy only")
-        logger.warning(msg, extra=PRINTED)
-        print(f"warning: {msg}", flush=True)
+        warn(logger, msg)
         summary["eval/reward_skipped"] = msg
         return
     ref = run.reference()
