@@ -64,3 +64,15 @@ def test_packing_table_by_hand():
         "| 512+256 | reward | failed: Out of memory |  | 300 (1,024 MiB) | n/a |",
         "| 256+128 | ppo | 100 (1,024 MiB) |  | not run | n/a |",
     ]
+
+
+def test_packing_table_groups_merged_rows_by_caps_in_the_pass_order():
+    def arm(caps, pas):
+        return {"caps": list(caps), "pass": pas, "arm": "padded", "real_tokens_per_s": 1.0, "peak_rss_mib": 1.0}
+
+    # a --merge run appends its rows after the kept ones
+    rec = {"records": [arm((512, 256), "behaviour"), arm((256, 128), "dpo"), arm((256, 128), "grpo"),
+                       arm((512, 256), "ppo"), arm((256, 128), "behaviour")]}
+    rows = [r.split(" | ")[:2] for r in tables.packing_table(rec).splitlines()[2:]]
+    assert rows == [["| 512+256", "behaviour"], ["| 512+256", "ppo"], ["| 256+128", "behaviour"],
+                    ["| 256+128", "dpo"], ["| 256+128", "grpo"]]
