@@ -66,12 +66,19 @@ def subprocess_compile_cache(tmp_path_factory):
     """One persistent XLA compilation cache under this session's pytest tmp folder, for every subprocess the tests
     start (``JAX_COMPILATION_CACHE_DIR`` in the environment they inherit; a test that sets its own keeps it): the
     same smoke model is compiled once for all of them instead of once per process (e.g. the 2-process SIGKILL test
-    reuses the 2-process fixture's programs). A fresh folder per session, so a clean clone behaves the same. The
-    pytest process keeps what it read when it imported jax. Every program is cached (no minimum compile time: a
-    toy run compiles ~75 programs of ~0.1 s each; cached, the notebooks' ci-profile test took 251 s, not 277 s)."""
-    saved = {k: os.environ.get(k) for k in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("subprocess_xla_cache"))
+    reuses the 2-process fixture's programs). Under pytest-xdist every worker uses the same folder (the session's
+    root, above the workers' own), and a cache size limit turns on JAX's file lock around each read and write, so
+    processes that run at once never read an entry still being written. A fresh folder per session, so a clean
+    clone behaves the same. The pytest process keeps what it read when it imported jax. Every program is cached (no
+    minimum compile time: a toy run compiles ~75 programs of ~0.1 s each)."""
+    keys = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_COMPILATION_CACHE_MAX_SIZE")
+    saved = {k: os.environ.get(k) for k in keys}
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "subprocess_xla_cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(64 << 30)   # never reached: set for the lock, not eviction
     yield Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
     for k, v in saved.items():
         if v is None:

@@ -24,15 +24,16 @@ TINY = [
 
 
 @pytest.fixture(scope="session", autouse=True)
-def compile_cache(tmp_path_factory) -> Path:
-    """A persistent XLA compilation cache shared by the tests (and their CLI subprocesses): the same
-    shapes are compiled once instead of once per test."""
+def compile_cache(subprocess_compile_cache) -> Path:
+    """The session's persistent XLA compilation cache (tests/conftest.py), used by these tests in the pytest process
+    too (programs that compile in 0.5 s or more) and by their CLI subprocesses: the same shapes are compiled once
+    instead of once per test. The size limit turns on JAX's file lock (never reached)."""
     import jax
 
-    d = tmp_path_factory.mktemp("xla_cache")
-    jax.config.update("jax_compilation_cache_dir", str(d))
+    jax.config.update("jax_compilation_cache_dir", str(subprocess_compile_cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    return d
+    jax.config.update("jax_compilation_cache_max_size", 64 << 30)
+    return subprocess_compile_cache
 
 
 @pytest.fixture(scope="session")
