@@ -312,14 +312,21 @@ def test_sweep_files_have_extended_not_full(stem):
     assert f"{stem}.yaml --profile extended" in (REPO / "configs" / "sweeps" / f"{stem}.yaml").read_text()
 
 
-def test_default_sweeps_are_the_notebooks():
-    """The README table covers every notebook sweep, the SmolLM2-135M one (quickstart_replay) among them."""
+def test_default_sweeps_are_the_notebooks_and_the_preregistered_ones():
+    """The results tables cover every notebook sweep, the SmolLM2-135M one (quickstart_replay) among them; the other
+    default sweeps are sweeps of the pre-registered experiments, each with its committed summary."""
+    import yaml
+
     stems = [Path(f).stem for f in RP.DEFAULT_SWEEPS]
-    assert set(stems) == set(NOTEBOOK_SWEEPS) | {"quickstart_replay"} and len(stems) == len(set(stems))
+    assert len(stems) == len(set(stems)) and set(NOTEBOOK_SWEEPS) | {"quickstart_replay"} <= set(stems)
     nb_sweeps = set()
     for nb in (REPO / "notebooks").glob("*.ipynb"):
         nb_sweeps |= set(re.findall(r"configs/sweeps/([\w.]+)\.yaml", nb.read_text(encoding="utf-8")))
-    assert set(stems) <= nb_sweeps
+    prereg = {Path(f).stem for doc in (REPO / "results" / "preregistered").glob("*.yaml")
+              for f in yaml.safe_load(doc.read_text(encoding="utf-8"))["sweeps"].values()}
+    others = set(stems) - nb_sweeps
+    assert others and others <= prereg
+    assert all((REPO / "results" / "sweeps" / s / "summary.csv").is_file() for s in others)
 
 
 def _results_rows() -> list[dict]:
