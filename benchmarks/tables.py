@@ -1,4 +1,4 @@
-"""The measurement tables of benchmarks/README.md and launch/README.md, generated from the committed JSON records.
+"""The measurement tables of benchmarks/README.md, benchmarks/cpu.md and launch/README.md, generated from the committed JSON records.
 
     python -m benchmarks.tables           # rewrite every table between its marker comments
     python -m benchmarks.tables --check   # exit 1 (and name them) when a committed table is not the records'
@@ -302,8 +302,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "packing": packing_table, "attention": attention_table, "quickstart": quickstart_table,
 }
 DOCS: dict[str, tuple[str, ...]] = {
-    "benchmarks/README.md": ("ops", "replay", "layouts", "layer", "matmul", "peers", "peers-rounds", "peers-ab",
-                             "train", "estimators", "attention", "packing", "quickstart", "device"),
+    "benchmarks/README.md": ("ops", "replay", "peers", "train", "estimators", "attention", "packing", "quickstart",
+                             "device"),
+    "benchmarks/cpu.md": ("layouts", "layer", "matmul", "peers-rounds", "peers-ab"),
     "launch/README.md": ("device-plans",),
 }
 

@@ -1,4 +1,4 @@
-"""The measurement tables of benchmarks/README.md and launch/README.md are what ``python -m benchmarks.tables``
+"""The measurement tables of benchmarks/README.md, benchmarks/cpu.md and launch/README.md are what ``python -m benchmarks.tables``
 generates from the committed records, and the prose around them carries no dates or run ordinals."""
 
 import re
@@ -31,7 +31,7 @@ def test_rewrite_replaces_only_between_the_markers():
     assert tables.rewrite(text, "x", "new") == f"before\n{begin}\nnew\n{end}\nafter\n"
 
 
-@pytest.mark.parametrize("doc", ["benchmarks/README.md", "launch/README.md"])
+@pytest.mark.parametrize("doc", ["benchmarks/README.md", "benchmarks/cpu.md", "launch/README.md"])
 def test_prose_has_no_dates_or_run_ordinals(doc):
     text = (ROOT / doc).read_text(encoding="utf-8")
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2} (Dec|Nov|Jan) 20\d\d\b", text)

@@ -246,7 +246,7 @@ class LMConfig:
         scanned stack every 16-bit residual the backward needs (activations, the layer's cast weights), and every
         16-bit stacked gradient, is written per iteration as convert(whole [L, ...] buffer) -> float32 update ->
         convert back: a cost that grows with L per layer. Measured (``benchmarks/model_dtype_pair.py``,
-        ``results/model_dtype_pair_layouts.json``; ``benchmarks/README.md``, "Scan or unroll in bfloat16"),
+        ``results/model_dtype_pair_layouts.json``; ``benchmarks/cpu.md``, "model"),
         SmolLM2-135M shape, 30 layers, 8x128 fwd+bwd, one process, medians: bf16 scanned 6.25 s, unrolled 4.00 s
         (compile + first call 10.8 s vs 15.8 s); float32 scanned 6.90 s, unrolled 6.75 s (no gain worth the
         longer compile), so deep float32 models keep the scan; shallow float32 models (compile times equal at a few
@@ -265,7 +265,7 @@ class LMConfig:
         "auto" is "dots" where it was measured faster: the CPU backend, a scanned stack (``unroll_layers`` False) and
         float32 compute. There, XLA:CPU allocates every update's buffers afresh, each first touch of a 4 KiB page
         is a page fault, and saving only the products halves the memory an update touches: the SmolLM2-135M-shaped
-        fwd+bwd at 8x128 took less time and a third less peak memory (``benchmarks/README.md``, "model"; the
+        fwd+bwd at 8x128 took less time and a third less peak memory (``benchmarks/cpu.md``, the peers A/B table; the
         records ``results/peers_float32.json``).
         Unrolled 16-bit stacks got slower with it, and accelerators were not measured: None there.
         """
