@@ -25,6 +25,8 @@ settings.load_profile(os.environ.get("JAXPPO_HYPOTHESIS_PROFILE", "ci"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("JAXPPO_SHARED", REPO.parent / "shared"))
+#: the compilation cache's size limit: never reached; setting one turns on JAX's file lock around reads and writes
+CACHE_LOCK_SIZE = 64 << 30
 
 
 def pytest_collection_modifyitems(config, items):
@@ -78,7 +80,7 @@ def subprocess_compile_cache(tmp_path_factory):
     cache.mkdir(exist_ok=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(64 << 30)   # never reached: set for the lock, not eviction
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(CACHE_LOCK_SIZE)
     yield Path(os.environ["JAX_COMPILATION_CACHE_DIR"])
     for k, v in saved.items():
         if v is None:

@@ -32,7 +32,9 @@ def compile_cache(subprocess_compile_cache) -> Path:
 
     jax.config.update("jax_compilation_cache_dir", str(subprocess_compile_cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    jax.config.update("jax_compilation_cache_max_size", 64 << 30)
+    from tests.conftest import CACHE_LOCK_SIZE
+
+    jax.config.update("jax_compilation_cache_max_size", CACHE_LOCK_SIZE)
     return subprocess_compile_cache
 
 
