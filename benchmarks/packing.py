@@ -18,9 +18,9 @@ Passes (each arm in its own process, so its peak RSS is its own):
 - ``dpo``: ``--batch`` pairs a step (real tokens: each pair's prompt once and both answers):
   ``padded_shared_prefix`` and ``packed`` are the trainer's jitted DPO step (``jaxppo.trainer.dpo.steps.make_dpo_step``:
   sigmoid loss, plain SGD, one micro-batch) on the padded batch (its shared-prefix layout,
-  ``CausalLM.shared_prefix_logprobs``) and on the batch with its packed rows (``data.packing``: ``plan_pairs`` of the
-  ``[2B, P+R]`` stack, planned before the timing, ``CausalLM.packed_logprobs``); ``padded`` is the forward + backward
-  of the summed log-probs of the ``[2B, P+R]`` stack (the loss's model part, no optimizer).
+  ``CausalLM.shared_prefix_logprobs``) and on the batch with its packed rows (``data.packing``: ``plan_pairs``, each
+  pair's prompt once before its two answers, planned before the timing, ``CausalLM.packed_logprobs``); ``padded`` is
+  the forward + backward of the summed log-probs of the ``[2B, P+R]`` stack (the loss's model part, no optimizer).
 - ``reward``: the reward-model train step (``jaxppo.rewards.model_training.make_train_step``: Bradley-Terry loss,
   AdamW) over ``--batch`` pairs a step, ``iterate_batches(packing=False / True)`` (what ``data.packing`` switches).
 - ``ppo`` / ``grpo``: ``--steps`` jitted update steps of the trainer (``trainer.ppo.build.assemble_run``, the

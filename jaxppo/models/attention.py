@@ -6,8 +6,11 @@ Every implementation computes the same grouped-query attention as ``layers.atten
 row whose ``segment_ids`` [B, T] (int32) say which sequence each slot holds, 0 marking padding. A query ``t`` of a
 real segment sees key ``s`` iff ``seg[s] == seg[t]``, ``s <= t`` and, with a sliding window ``w``, ``t - s < w``.
 Padded rows (one sequence per row, left- or right-padded) are ``segment_ids = attention_mask``; packed rows number
-their sequences 1, 2, ... A padding query's output is finite and unspecified (each implementation has its own rule
-for it; nothing reads it) and, as nothing reads it, it sends no gradient to the real queries, keys or values.
+their sequences 1, 2, ... Packed groups that share a prompt (``packing.pack_shared``) also carry ``branch_ids`` (0
+on the prompt, ``c + 1`` on continuation ``c``) and ``positions``: a query then sees a key only if the key's branch
+is 0 or the query's own, and the window counts positions, not slots. A padding query's output is finite and
+unspecified (each implementation has its own rule for it; nothing reads it) and, as nothing reads it, it sends no
+gradient to the real queries, keys or values.
 
 Implementations (``IMPLEMENTATIONS``):
 
@@ -30,6 +33,9 @@ Implementations (``IMPLEMENTATIONS``):
   multiple of 128.
 - ``auto``: ``resolve``: cudnn on a GPU and splash on a single TPU device where ``fits`` says the shapes and dtypes
   allow it, else xla; ``CPU_AUTO`` on the CPU.
+
+Branches are expressed by the dense mask only: with ``branch_ids``, ``splash`` and ``pallas_gpu`` (segment ids
+only) and ``cudnn`` with a sliding window (a window over slots) run the ``xla`` path instead.
 
 Several devices: cudnn is partitioned by JAX itself (its custom partitioning splits batch and heads); the Pallas
 kernels are not wrapped in ``shard_map`` here, so XLA would run them on gathered operands: ``auto`` does not pick
@@ -60,30 +66,43 @@ CPU_AUTO = "reference"
 SPLASH_BLOCKS = (512, 256, 128)  # splash block sizes tried largest first: the first dividing T is used
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["segment_ids"], meta_fields=["sliding_window"])
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["segment_ids", "branch_ids", "positions"],
+                   meta_fields=["sliding_window"])
 @dataclass(frozen=True)
 class SegmentMask:
     """Self-attention visibility over the slots ``0..T-1`` of each row: ``segment_ids`` [B, T] int (0 = padding,
-    each sequence of a row its own id) and the static ``sliding_window`` (None: unbounded). Module docstring: the
-    rule."""
+    each sequence of a row its own id) and the static ``sliding_window`` (None: unbounded); for groups sharing a
+    prompt also ``branch_ids`` and ``positions`` [B, T] int (``packing.pack_shared``). Module docstring: the rule."""
 
     segment_ids: jax.Array
     sliding_window: int | None = None
+    branch_ids: jax.Array | None = None
+    positions: jax.Array | None = None
 
     def dense(self) -> jax.Array:
         """Boolean [B, T, T]: ``allowed[b, t, s] = seg[s] != 0 & (seg[s] == seg[t] | seg[t] == 0) & s <= t``
         ``& t - s < w``. A padding query sees every real key at or before it (any choice is right for an unused row;
         this one makes the mask of a padded row, ``segment_ids = attention_mask``, equal
-        ``layers.attention_allowed(arange(T), arange(T), attention_mask, w)``)."""
+        ``layers.attention_allowed(arange(T), arange(T), attention_mask, w)``). With ``branch_ids`` also
+        ``& (branch[s] == 0 | branch[s] == branch[t])`` (a padding query, branch 0, then sees the prompts' keys), and
+        the window is ``pos[t] - pos[s] < w``."""
         seg = self.segment_ids.astype(jnp.int32)
         t = seg.shape[-1]
         slots = jnp.arange(t)
         diff = slots[:, None] - slots[None, :]
         ok = (diff >= 0)[None]
         if self.sliding_window is not None:
-            ok = ok & (diff < self.sliding_window)[None]
+            if self.branch_ids is None:
+                ok = ok & (diff < self.sliding_window)[None]
+            else:
+                pos = self.positions.astype(jnp.int32)
+                ok = ok & (pos[:, :, None] - pos[:, None, :] < self.sliding_window)
         qs, ks = seg[:, :, None], seg[:, None, :]
-        return ok & (ks != 0) & ((ks == qs) | (qs == 0))
+        ok = ok & (ks != 0) & ((ks == qs) | (qs == 0))
+        if self.branch_ids is not None:
+            br = self.branch_ids.astype(jnp.int32)
+            ok = ok & ((br[:, None, :] == 0) | (br[:, None, :] == br[:, :, None]))
+        return ok
 
 
 def check_backend(name: str, backend: str) -> None:
@@ -141,11 +160,20 @@ def resolve(name: str, backend: str, *, dtype, head_dim: int, seq_len: int,
     return name
 
 
-def self_attention_mask(segment_ids: jax.Array, sliding_window: int | None, implementation: str):
+def self_attention_mask(segment_ids: jax.Array, sliding_window: int | None, implementation: str, *,
+                        branch_ids: jax.Array | None = None, positions: jax.Array | None = None):
     """What the layers receive for ``implementation`` (resolved, not "auto"): the dense mask for reference (built
-    once per forward, not per layer), else the ``SegmentMask``."""
-    mask = SegmentMask(segment_ids, sliding_window)
+    once per forward, not per layer), else the ``SegmentMask`` (with ``branch_ids``: module docstring)."""
+    if branch_ids is not None and positions is None:
+        raise ValueError("self_attention_mask: branch_ids need the rows' positions")
+    mask = SegmentMask(segment_ids, sliding_window, branch_ids, positions)
     return mask.dense() if implementation == "reference" else mask
+
+
+def branch_capable(implementation: str, sliding_window: int | None) -> bool:
+    """Whether ``implementation`` applies a ``SegmentMask``'s branch rule itself (the dense-mask paths, and cudnn
+    without a window: its bias is the dense mask)."""
+    return implementation in ("reference", "xla") or (implementation == "cudnn" and sliding_window is None)
 
 
 def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: SegmentMask | jax.Array, implementation: str,
@@ -154,6 +182,8 @@ def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: SegmentMas
     ``SegmentMask``, or for reference / xla the dense [B, T, S] boolean mask as well. ``interpret``: run a Pallas
     kernel in the Pallas interpreter (any backend)."""
     dense = not isinstance(mask, SegmentMask)
+    if not dense and mask.branch_ids is not None and not branch_capable(implementation, mask.sliding_window):
+        implementation = "xla"
     if implementation == "reference":
         return reference_attention(q, k, v, mask if dense else mask.dense())
     if implementation == "xla":
@@ -225,5 +255,5 @@ def _pallas_gpu(q, k, v, mask: SegmentMask, *, interpret: bool) -> jax.Array:
                              block_sizes=sizes, interpret=interpret)
 
 
-__all__ = ["BACKEND_OF", "CPU_AUTO", "IMPLEMENTATIONS", "SegmentMask", "check_backend", "fits", "resolve",
+__all__ = ["BACKEND_OF", "CPU_AUTO", "IMPLEMENTATIONS", "SegmentMask", "branch_capable", "check_backend", "fits", "resolve",
            "segment_attention", "self_attention_mask"]

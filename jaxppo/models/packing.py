@@ -28,6 +28,9 @@ Index arrays (flat indices into ``N·L``, gathered by :func:`gather`, whose ``va
   out of range). The LM head runs on these ``H`` slots (:func:`head_gather`, :func:`head_scatter`), not on the
   ``B·R`` response slots of which the padding is most on real data.
 
+Groups of continuations of one prompt (a DPO pair's chosen and rejected answers) pack the prompt once:
+:func:`pack_shared`, whose rows also carry ``branch_ids`` for attention's branch rule.
+
 ``N`` is the number of rows needed, rounded up to a budget (:func:`row_budgets`): the ``buckets`` values
 ``ceil(k·B/buckets)`` (k = 1..buckets), each rounded up to ``multiple_of`` (the data-parallel size). Every sequence
 fits in one row, so ``N <= B``. ``H`` is the number of real response tokens rounded up the same way to a budget of
@@ -58,6 +61,8 @@ class Packed(NamedTuple):
     last_index: np.ndarray      # [B] int32, flat into N·L
     head_index: np.ndarray      # [H] int32, flat into N·L (the real response tokens' predicting slots)
     head_target: np.ndarray     # [H] int32, flat into B·R (B·R on padding entries)
+    branch_ids: np.ndarray | None = None  # [N, L] int32 (pack_shared: 0 = prompt, c + 1 = continuation c); None:
+                                          # every sequence is one branch
 
 
 def row_budgets(batch: int, buckets: int = 8, multiple_of: int = 1) -> list[int]:
@@ -107,16 +112,42 @@ def pack(prompt_ids, prompt_mask, response_ids, response_mask, *, row_length: in
     """The packed layout (module docstring) of a padded batch. ``row_length`` ``L`` defaults to ``P+R``.
 
     Every sequence needs at least one prompt token (its first response token is predicted by the prompt's last).
+    The one-continuation case of :func:`pack_shared` (``branch_ids`` None: every sequence is one branch).
+    """
+    response_ids, response_mask = np.asarray(response_ids), np.asarray(response_mask)
+    plan = pack_shared(prompt_ids, prompt_mask, response_ids[:, None], response_mask[:, None],
+                       row_length=row_length, buckets=buckets, multiple_of=multiple_of)
+    return plan._replace(branch_ids=None)
+
+
+def pack_shared(prompt_ids, prompt_mask, response_ids, response_mask, *, row_length: int | None = None,
+                buckets: int = 8, multiple_of: int = 1) -> Packed:
+    """The packed layout of ``n`` continuations per prompt with each prompt packed once.
+
+    ``prompt_ids``/``prompt_mask`` [B, P] (left padded), ``response_ids``/``response_mask`` [B, n, R] (right
+    padded). Group ``b`` is one item of ``p_b + sum_c r_bc`` tokens: its real prompt tokens, then continuation 0's
+    real tokens, then continuation 1's, ... (rows filled first-fit-decreasing as :func:`pack`; ``L`` defaults to
+    ``P + n·R``, which every group fits). Per slot, ``segment_ids`` is the group's rank in its row,
+    ``branch_ids`` 0 on the prompt and ``c + 1`` on continuation ``c``, ``positions`` ``0 .. p_b-1`` on the prompt
+    and ``p_b .. p_b+r_bc-1`` on continuation ``c`` (its positions in the row ``concat(prompt_b, response_bc)``).
+    Attention (``models.attention.SegmentMask``) adds to the segment rule: query ``i`` sees key ``j`` only if
+    ``branch_j = 0`` or ``branch_j = branch_i``, so each continuation sees its prompt and its own earlier tokens,
+    exactly its padded row's context.
+
+    The sequence-indexed arrays describe the ``[n·B]`` stack, continuation-major (row ``c·B + b`` is
+    ``concat(prompt_b, response_bc)``, e.g. a DPO batch's chosen rows then its rejected rows): ``response_index``
+    [n·B, R] (token 0 of every continuation is predicted by the prompt's last slot), ``token_index`` [n·B, P+R],
+    ``last_index`` [n·B], ``head_index``/``head_target`` over the stack's ``[n·B, R]`` real response tokens.
     """
     prompt_ids, response_ids = np.asarray(prompt_ids), np.asarray(response_ids)
     b, p = prompt_ids.shape
-    r = response_ids.shape[1]
+    n, r = response_ids.shape[1:]
     lp = _real_lengths(prompt_mask, "left", "prompt_mask")
-    lr = _real_lengths(response_mask, "right", "response_mask")
+    lr = _real_lengths(np.asarray(response_mask).reshape(b * n, r), "right", "response_mask").reshape(b, n)
     if b and lp.min() < 1:
         raise ValueError("pack: a sequence has no prompt token")
-    n_tok = lp + lr
-    width = p + r if row_length is None else int(row_length)
+    n_tok = lp + lr.sum(axis=1)
+    width = p + n * r if row_length is None else int(row_length)
     row, start = first_fit_decreasing(n_tok, width)
     used = int(row.max()) + 1 if b else 0
     n_rows = next(k for k in row_budgets(max(b, 1), buckets, multiple_of) if k >= used)
@@ -124,34 +155,43 @@ def pack(prompt_ids, prompt_mask, response_ids, response_mask, *, row_length: in
     ids = np.zeros((n_rows, width), np.int32)
     seg = np.zeros((n_rows, width), np.int32)
     pos = np.zeros((n_rows, width), np.int32)
-    rank = np.zeros(b, np.int64)        # 1 + order of the sequence within its row (by start slot)
+    branch = np.zeros((n_rows, width), np.int32)
+    rank = np.zeros(b, np.int64)        # 1 + order of the group within its row (by start slot)
     order = np.lexsort((start, row))
     rank[order] = np.arange(b) - np.searchsorted(row[order], row[order]) + 1
-    base = row * width + start          # flat slot of each sequence's first token
-    flat_ids, flat_seg, flat_pos = ids.reshape(-1), seg.reshape(-1), pos.reshape(-1)
+    base = row * width + start          # flat slot of each group's first token
+    # flat slot of continuation c's first token: after the prompt and the continuations before it
+    cont = base[:, None] + lp[:, None] + np.concatenate([np.zeros((b, 1), np.int64), np.cumsum(lr, 1)[:, :-1]], 1)
+    flat_ids, flat_seg, flat_pos, flat_branch = ids.reshape(-1), seg.reshape(-1), pos.reshape(-1), branch.reshape(-1)
     for i in range(b):
-        tokens = np.concatenate([prompt_ids[i, p - lp[i]:], response_ids[i, :lr[i]]])
         sl = slice(base[i], base[i] + n_tok[i])
-        flat_ids[sl], flat_seg[sl], flat_pos[sl] = tokens, rank[i], np.arange(n_tok[i])
+        flat_ids[sl] = np.concatenate([prompt_ids[i, p - lp[i]:]] + [response_ids[i, c, :lr[i, c]] for c in range(n)])
+        flat_seg[sl] = rank[i]
+        flat_pos[sl] = np.concatenate([np.arange(lp[i])] + [lp[i] + np.arange(lr[i, c]) for c in range(n)])
+        flat_branch[sl] = np.concatenate([np.zeros(lp[i], np.int64)] + [np.full(lr[i, c], c + 1) for c in range(n)])
 
+    # the [n·B] stack, continuation-major: stack row c·B + b
+    lp_s, lr_s = np.tile(lp, n), lr.T.reshape(-1)
+    base_s, cont_s = np.tile(base, n), cont.T.reshape(-1)
     t = np.arange(r)[None, :]
-    response_index = base[:, None] + lp[:, None] + t - 1
-    response_index = np.where(t < lr[:, None], response_index, 0)
+    response_index = np.where(t == 0, base_s[:, None] + lp_s[:, None] - 1, cont_s[:, None] + t - 1)
+    response_index = np.where(t < lr_s[:, None], response_index, 0)
     s = np.arange(p + r)[None, :]
     in_prompt = s < p
-    k = np.where(in_prompt, s - (p - lp[:, None]), lp[:, None] + s - p)  # the slot's token index in its sequence
-    real = np.where(in_prompt, k >= 0, s - p < lr[:, None])
-    token_index = np.where(real, base[:, None] + k, 0)
-    last_index = base + n_tok - 1
-    real_response = t < lr[:, None]                                     # [B, R], row-major = (sequence, token)
+    k = s - (p - lp_s[:, None])                                         # the slot's prompt token index
+    slot = np.where(in_prompt, base_s[:, None] + k, cont_s[:, None] + s - p)
+    real = np.where(in_prompt, k >= 0, s - p < lr_s[:, None])
+    token_index = np.where(real, slot, 0)
+    last_index = np.where(lr_s > 0, cont_s + lr_s - 1, base_s + lp_s - 1)
+    real_response = t < lr_s[:, None]                                   # [n·B, R], row-major = (sequence, token)
     n_head = int(real_response.sum())
-    h = next(k for k in row_budgets(max(b * r, 1), buckets, multiple_of) if k >= n_head)
+    h = next(k for k in row_budgets(max(n * b * r, 1), buckets, multiple_of) if k >= n_head)
     head_index = np.zeros(h, np.int32)
-    head_target = np.full(h, b * r, np.int32)
+    head_target = np.full(h, n * b * r, np.int32)
     head_index[:n_head] = response_index[real_response]
     head_target[:n_head] = np.flatnonzero(real_response)
     return Packed(ids, seg, pos, response_index.astype(np.int32), token_index.astype(np.int32),
-                  last_index.astype(np.int32), head_index, head_target)
+                  last_index.astype(np.int32), head_index, head_target, branch)
 
 
 def pack_batch(batch, **kw) -> Packed:

@@ -252,7 +252,7 @@ class Transformer(nnx.Module):
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
     def packed(self, ids: jax.Array, segment_ids: jax.Array, positions: jax.Array, *,
-               lora_key: jax.Array | None = None) -> jax.Array:
+               branch_ids: jax.Array | None = None, lora_key: jax.Array | None = None) -> jax.Array:
         """Hidden states [N, L, D] (compute dtype, final-normed) of packed rows (``jaxppo.models.packing``).
 
         ``ids``, ``segment_ids`` (0 = padding, 1.. one per sequence), ``positions`` (rotary, from 0 in each
@@ -260,13 +260,17 @@ class Transformer(nnx.Module):
         (``i - j < w`` with a sliding window ``w``): causal inside a sequence, never across
         (``models.attention.SegmentMask``, run by ``model.attention``'s implementation). Each sequence's hidden
         states equal those of its padded row (``__call__``) when its tokens sit in consecutive slots.
-        ``lora_key``: adapter dropout (``DecoderLayers.__call__``; masks drawn for the packed layout).
+        ``branch_ids`` [N, L] (groups packed with their prompt once, ``packing.pack_shared``): key ``j`` is seen
+        only if ``branch_j`` is 0 or ``branch_i``, so each continuation's hidden states equal those of the padded
+        row ``concat(prompt, continuation)``. ``lora_key``: adapter dropout (``DecoderLayers.__call__``; masks drawn for the packed layout).
         """
         ids = jnp.asarray(ids)
         _mask_or_ones(ids, segment_ids)
         seg = jnp.asarray(segment_ids).astype(jnp.int32)
-        cos, sin = rope_cos_sin(jnp.asarray(positions), jnp.asarray(self.config.inv_freq()))
-        allowed = self_attention_mask(seg, self.config.sliding_window, self.config.attention_impl(ids.shape[1]))
+        positions = jnp.asarray(positions)
+        cos, sin = rope_cos_sin(positions, jnp.asarray(self.config.inv_freq()))
+        allowed = self_attention_mask(seg, self.config.sliding_window, self.config.attention_impl(ids.shape[1]),
+                                      branch_ids=branch_ids, positions=None if branch_ids is None else positions)
         x, _ = self.layers(self._embed(ids), cos, sin, allowed, lora_key=lora_key)
         return rms_norm(x, _frozen(self.norm[...], self.config.lora), self.config.rms_norm_eps)
 
@@ -411,8 +415,8 @@ class CausalLM(nnx.Module):
         ``packed.head_index`` that predict real response tokens; 0 where ``response_mask`` is 0."""
         from jaxppo.models.packing import head_gather, head_scatter, head_targets
 
-        h = head_gather(self.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key),
-                        packed)
+        h = head_gather(self.model.packed(packed.ids, packed.segment_ids, packed.positions,
+                                          branch_ids=packed.branch_ids, lora_key=lora_key), packed)
         lp = _token_logprobs(self.logits_from_hidden(h), head_targets(response_ids, packed),
                              jnp.ones(h.shape[:1], jnp.float32))
         return head_scatter(lp, packed, response_ids.shape) * response_mask.astype(jnp.float32)

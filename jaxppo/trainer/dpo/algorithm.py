@@ -40,6 +40,7 @@ import numpy as np
 
 from jaxppo.config import ConfigError
 from jaxppo.console import warn
+from jaxppo.models.packing import program_shape
 from jaxppo.parallel.host import from_host, host_scalar, to_host
 from jaxppo.trainer.dpo.steps import (
     KTO_KEYS,
@@ -240,7 +241,7 @@ def make_batch(run: DPORun, cursor: int, rows: np.ndarray | None = None) -> dict
         d = run.cfg.dpo
         plan = plan_pairs(host, int(d.micro_batch_size or d.batch_size), multiple_of=batch_divisor(run.mesh))
         if run.programs is not None:
-            new = tuple(plan.ids.shape) not in run.programs.shapes
+            new = program_shape(plan) not in run.programs.shapes
             run.programs.add(plan)
             if new:
                 run.programs.log("DPO update")

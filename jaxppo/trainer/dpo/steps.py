@@ -15,13 +15,15 @@ and the loss is ``mean_pairs dpo_loss(...)`` (``jaxppo.ops.dpo_loss``, TRL's for
 ``j, j + B/mb, ...``: ``jaxppo.trainer.micro``, the split of the PPO step) whose gradients (and metrics) are
 averaged, which equals the full-batch mean because the micro-batches have equal size.
 
-Packed rows (``data.packing``): the batch carries ``"packed"``, the packed layout of its ``[2B, P+R]`` stack planned
-on the host by :func:`plan_pairs` (``jaxppo.trainer.packed.plan_pieces`` with one piece per micro-batch: the
-strided split of the stack hands micro-batch ``j`` the chosen rows of its pairs, then their rejected rows, and its
-own plan). The policy's forward then runs on the packed rows (``CausalLM.packed_logprobs``) and its log-probs come
-back as ``[B]`` chosen / rejected, so the losses and metrics are the padded step's up to float32 summation order.
-Adapter dropout draws its masks over the packed rows' shape, so with ``lora_dropout > 0`` the packed and padded
-steps draw different (equally distributed) masks; without dropout they agree.
+Packed rows (``data.packing``): the batch carries ``"packed"``, its pairs packed on the host by :func:`plan_pairs`
+with each prompt once (``jaxppo.models.packing.pack_shared``: prompt, chosen, rejected in consecutive slots, the
+rejected answer attending to the prompt and not to the chosen one, its positions continuing the prompt's), planned
+per micro-batch (``jaxppo.trainer.packed.plan_pieces``: the strided split of the ``[2B]`` stack hands micro-batch
+``j`` the chosen rows of its pairs, then their rejected rows, and its own plan). The policy's forward then runs on
+the packed rows (``CausalLM.packed_logprobs``) and its log-probs come back as ``[B]`` chosen / rejected, so the
+losses and metrics are the padded step's up to float32 summation order. Adapter dropout draws its masks over the
+packed rows' shape, so with ``lora_dropout > 0`` the packed and padded steps draw different (equally distributed)
+masks; without dropout they agree.
 
 Order of pairs: shuffled epochs. Pair ``c`` of the stream (``c = 0, 1, ...``; the state's ``data_cursor`` is the
 next one) is ``perm_e[c mod N]`` with ``e = c div N`` and ``perm_e = jax.random.permutation(fold_in(PRNGKey(seed),
@@ -127,19 +129,24 @@ def stack_fields(batch: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def plan_pairs(batch: dict[str, Any], micro_batch_size: int, *, multiple_of: int = 1, buckets: int = 8):
-    """The packed layout (``jaxppo.models.packing.Packed``) of a host batch of ``B`` pairs for the step's
-    ``B / micro_batch_size`` strided micro-batches (module doc): ``plan_pieces`` of the ``[2B]`` stack, whose strided
-    piece ``j`` is micro-batch ``j``'s chosen rows then its rejected rows. Row arrays ``[n·N, L]``, sequence arrays
-    ``[2B, ...]``; ``N`` a multiple of ``multiple_of`` (the data-parallel size), one of at most ``buckets`` values."""
+    """The packed layout (``jaxppo.models.packing.Packed``, with ``branch_ids``) of a host batch of ``B`` pairs for
+    the step's ``B / micro_batch_size`` strided micro-batches (module doc): ``plan_pieces`` of the pairs, each prompt
+    packed once before its chosen and rejected answers; the sequence arrays describe the ``[2B]`` stack (chosen rows,
+    then rejected), whose strided piece ``j`` is micro-batch ``j``'s chosen rows then its rejected rows. Row arrays
+    ``[n·N, L]`` (``L = P + 2R``), sequence arrays ``[2B, ...]``; ``N`` a multiple of ``multiple_of`` (the
+    data-parallel size), one of at most ``buckets`` values."""
     b = np.asarray(batch["prompt_ids"]).shape[0]
     if micro_batch_size < 1 or b % micro_batch_size:
         raise ValueError(f"plan_pairs: batch of {b} pairs is not a multiple of micro_batch_size={micro_batch_size}")
-    return plan_pieces(stack_fields(batch), b // micro_batch_size, multiple_of=multiple_of, buckets=buckets)
+    fields = {"prompt_ids": np.asarray(batch["prompt_ids"]), "prompt_mask": np.asarray(batch["prompt_mask"]),
+              "response_ids": np.stack([np.asarray(batch["chosen_ids"]), np.asarray(batch["rejected_ids"])], 1),
+              "response_mask": np.stack([np.asarray(batch["chosen_mask"]), np.asarray(batch["rejected_mask"])], 1)}
+    return plan_pieces(fields, b // micro_batch_size, multiple_of=multiple_of, buckets=buckets)
 
 
 def plan_shardings(mesh: Any):
     """The shardings of a :func:`plan_pairs` plan on ``mesh`` (every array's rows over the batch axes)."""
-    return packed_shardings(mesh)
+    return packed_shardings(mesh, branches=True)
 
 
 def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array], lora_key: jax.Array | None = None
@@ -150,7 +157,7 @@ def policy_pair_logps(graphdef: Any, params: Any, batch: dict[str, jax.Array], l
     ``lora_key``: adapter dropout (the update's loss only)."""
     model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
     b = batch["prompt_ids"].shape[0]
-    if batch.get("packed") is not None:    # the [2B] stack's packed rows, chosen then rejected
+    if batch.get("packed") is not None:    # the pairs' packed rows; log-probs of the [2B] stack, chosen then rejected
         _, _, r_ids, r_mask = pair_stack(batch)
         lp = model.packed_logprobs(batch["packed"], r_ids, r_mask, lora_key=lora_key).sum(axis=1)
         return lp[:b], lp[b:]

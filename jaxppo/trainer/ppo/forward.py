@@ -51,7 +51,8 @@ def response_hidden(trunk, batch: TokenFields, *, group_size: int = 1, lora_key=
     if packed is not None:
         if int(group_size) != 1:
             raise ValueError("response_hidden: packed batches are not combined with group_size > 1")
-        h = trunk.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
+        h = trunk.packed(packed.ids, packed.segment_ids, packed.positions, branch_ids=packed.branch_ids,
+                         lora_key=lora_key)
         return gather(h, packed.response_index, batch.response_mask)
     n = int(group_size)
     if n == 1:
@@ -130,7 +131,8 @@ def response_logp_entropy(actor_gd, actor_params, batch: TokenFields, *, base=No
     if int(group_size) != 1:
         raise ValueError("response_logp_entropy: packed batches are not combined with group_size > 1")
     actor = merge_with_base(actor_gd, actor_params, base)
-    h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
+    h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, branch_ids=packed.branch_ids,
+                           lora_key=lora_key)
     return _packed_logp_entropy(actor, h, batch, packed, entropy_grad)
 
 
@@ -154,7 +156,8 @@ def response_logp_entropy_values(actor_gd, actor_params, critic_gd, critic_param
     if int(group_size) != 1:
         raise ValueError("response_logp_entropy_values: packed batches are not combined with group_size > 1")
     actor = merge_with_base(actor_gd, actor_params, base)
-    h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, lora_key=lora_key)
+    h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, branch_ids=packed.branch_ids,
+                           lora_key=lora_key)
     values = nnx.merge(critic_gd, critic_params)(gather(h, packed.response_index, batch.response_mask))
     return _packed_logp_entropy(actor, h, batch, packed, entropy_grad), values.astype(jnp.float32)
 

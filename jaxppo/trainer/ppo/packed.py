@@ -46,7 +46,7 @@ class HostPlanned:
     def _place(self, plan: Packed):
         if self.shardings is None:
             return plan
-        return Packed(*(jax.make_array_from_callback(a.shape, s, lambda i, a=a: a[i])
+        return Packed(*(None if a is None else jax.make_array_from_callback(a.shape, s, lambda i, a=a: a[i])
                         for a, s in zip(plan, self.shardings)))
 
     def __call__(self, state):
@@ -75,7 +75,8 @@ class HostPlanned:
                         response_index=(b, r), token_index=(b, p + r), last_index=(b,), head_index=(n_head,),
                         head_target=(n_head,))
         sh = self.shardings or Packed(*([None] * len(Packed._fields)))
-        plan = Packed(*(jax.ShapeDtypeStruct(s, jnp.int32, sharding=x) for s, x in zip(shapes, sh)))
+        plan = Packed(*(None if s is None else jax.ShapeDtypeStruct(s, jnp.int32, sharding=x)
+                        for s, x in zip(shapes, sh)))
         return self.jitted.lower(state, plan)
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxppo.models.packing import pack
-from jaxppo.trainer.dpo.steps import DPOHParams, DPOState, make_dpo_step, plan_pairs, stack_fields
+from jaxppo.models.packing import pack_shared
+from jaxppo.trainer.dpo.steps import DPOHParams, DPOState, make_dpo_step, plan_pairs
 from jaxppo.trainer.micro import strided_split
 
 from .conftest import dpo_overrides
@@ -64,17 +64,26 @@ def _close(a, b, **tol):
 
 
 def test_plan_hands_each_micro_batch_its_chosen_then_rejected_rows(model):
+    """Micro-batch ``j`` (pairs ``j, j+n, ...``) finds its own plan (its pairs' prompts once, then chosen and
+    rejected answers) in the strided split of the whole batch's plan; each pair's tokens are its prompt's real
+    tokens once and both answers', so the packed slots hold fewer tokens than the ``[2B]`` stack's."""
     batch = _batch(model.config.vocab_size)
     plan = plan_pairs(batch, MB, multiple_of=2)
     n = B // MB
     assert plan.response_index.shape == (2 * B, R) and plan.ids.shape[0] % (2 * n) == 0
+    assert plan.ids.shape[1] == P + 2 * R and plan.branch_ids.shape == plan.ids.shape
     for j in range(n):
         mine = {k: v[j::n] for k, v in batch.items()}      # micro-batch j: pairs j, j+n, ...
-        own = pack(*stack_fields(mine).values(), multiple_of=2)
-        got = [np.asarray(strided_split(np.asarray(a), n))[j] for a in plan]
-        np.testing.assert_array_equal(got[0][:own.ids.shape[0]], own.ids)
+        own = pack_shared(mine["prompt_ids"], mine["prompt_mask"],
+                          np.stack([mine["chosen_ids"], mine["rejected_ids"]], 1),
+                          np.stack([mine["chosen_mask"], mine["rejected_mask"]], 1), multiple_of=2)
+        got = plan._make(None if a is None else np.asarray(strided_split(np.asarray(a), n))[j] for a in plan)
+        for name in ("ids", "segment_ids", "positions", "branch_ids"):
+            np.testing.assert_array_equal(getattr(got, name)[:own.ids.shape[0]], getattr(own, name))
         for name in ("response_index", "token_index", "last_index"):
-            np.testing.assert_array_equal(got[own._fields.index(name)], getattr(own, name))
+            np.testing.assert_array_equal(getattr(got, name), getattr(own, name))
+    real = batch["prompt_mask"].sum() + batch["chosen_mask"].sum() + batch["rejected_mask"].sum()
+    assert (plan.segment_ids > 0).sum() == real
 
 
 def _grad_close(g0, g1, rel: float = 1e-5):
@@ -215,6 +224,8 @@ def test_packed_step_one_and_eight_devices_agree(tmp_path, stories_model, hh_pai
     r8, _ = _run([*common, "mesh.data=2", "mesh.fsdp=4"], jax.devices()[:8])
     s1, m1 = _steps(r1, mb, 2)
     s8, m8 = _steps(r8, mb, 2)
-    for a, b in zip(m1, m8):
+    for step, (a, b) in enumerate(zip(m1, m8), 1):
         for k in a:
-            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)   # measured: 7.6e-6 abs
+            if step == 1 and k.endswith("accuracies"):   # the policy is the reference: float noise (_same_metrics)
+                continue
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=f"step {step} {k}")

@@ -52,12 +52,13 @@ def test_plan_hands_each_strided_micro_batch_its_own_layout():
     for j in range(3):
         own = pack(*(f[k][j::3] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")),
                    multiple_of=2)
-        got = [np.asarray(strided_split(np.asarray(a), 3))[j] for a in plan]
+        assert plan.branch_ids is None and own.branch_ids is None   # one sequence per row: no branches
+        got = plan._make(None if a is None else np.asarray(strided_split(np.asarray(a), 3))[j] for a in plan)
         n = own.ids.shape[0]
-        np.testing.assert_array_equal(got[0][:n], own.ids)          # the micro-batch's own rows first ...
-        assert not got[1][n:].any()                                  # ... then rows of padding only
+        np.testing.assert_array_equal(got.ids[:n], own.ids)         # the micro-batch's own rows first ...
+        assert not got.segment_ids[n:].any()                         # ... then rows of padding only
         for name in ("response_index", "token_index", "last_index"):
-            np.testing.assert_array_equal(got[own._fields.index(name)], getattr(own, name))
+            np.testing.assert_array_equal(getattr(got, name), getattr(own, name))
 
 
 @pytest.mark.slow
