@@ -18,7 +18,12 @@ Rows (``benchmarks/peers/common.py`` says what each driver runs):
           sharing one prompt), advantages and old log-probs given;
   ppo     one PPO update with a critic (actor update + critic update, GAE advantages/returns/old values given), on
           the same rows (2 prompts x 4 responses);
-  lora    the DPO update with rank-8 adapters (q, k, v, o, gate, up, down), where a tool has adapters.
+  lora    the DPO update with rank-8 adapters (q, k, v, o, gate, up, down), where a tool has adapters;
+  dpo_hh  one DPO update on real lengths: 8 HH-RLHF pairs of ``../shared`` (drawn with seed 0) tokenized with
+          SmolLM2's tokenizer at caps (256, 128), reference log-probs given; each tool in its best CPU layout for
+          ragged rows (jaxppo: packed rows, ``data.packing``; TRL: its collator's layout, each prompt + answer row
+          right padded to the batch's longest; Tunix: prompts left padded and answers right padded to the batch's
+          longest, not to the caps). Its tokens are the real ones (each pair's prompt once and both answers).
 
 Each (row, dtype) runs jaxppo, Tunix and TRL one after the other (the order rotates from row to row), each in
 a fresh process: jaxppo with this python, the peers with their venv's python. A driver loads the weights,
@@ -51,7 +56,7 @@ sys.path.insert(0, str(HERE))
 import machine  # noqa: E402  benchmarks/machine.py
 DRIVERS = HERE / "peers"
 TOOLS = ("jaxppo", "tunix", "trl")
-TASKS = ("fwdbwd", "dpo", "grpo", "ppo", "lora")
+TASKS = ("fwdbwd", "dpo", "grpo", "ppo", "lora", "dpo_hh")
 VOCAB = 49152
 #: absolute loss tolerance of the equivalence check, by compute dtype
 LOSS_TOL = {"float32": 2e-3, "bfloat16": 5e-2}
@@ -61,7 +66,7 @@ HPARAMS = dict(lr=1e-5, adam_b1=0.9, adam_b2=0.999, adam_eps=1e-8, weight_decay=
 #: dtypes take about twice the ~12 minutes budgeted for one run; ``--dtypes float32,bfloat16`` asks for that)
 DEFAULT_PLAN = tuple((t, "float32") for t in TASKS) + (("fwdbwd", "bfloat16"), ("dpo", "bfloat16"))
 SHAPES = dict(fwd_batch=8, fwd_seq=128, dpo_pairs=8, dpo_prompt=64, dpo_response=64, rl_batch=8, rl_prompt=64,
-              rl_response=64, group=4, hidden=576)
+              rl_response=64, group=4, hidden=576, hh_pairs=8, hh_prompt=256, hh_response=128)
 
 
 def venv_python(tool: str) -> Path:
@@ -112,11 +117,36 @@ def make_batch(seed: int = 0) -> dict[str, np.ndarray]:
     return {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in out.items()}
 
 
-def prepare_work(work: Path, layers: int, env: dict) -> None:
-    """Write ``work/{model/, batch.npz, spec.json}`` (the weights by the jaxppo driver, in its own process)."""
+def hh_batch(seed: int = 0) -> dict[str, np.ndarray]:
+    """The ``dpo_hh`` row's pairs: ``hh_pairs`` HH-RLHF pairs drawn with ``seed`` from all the pairs of ``../shared``,
+    tokenized by ``benchmarks/packing.py`` at the caps (prompts left padded, answers right padded, masks beside),
+    with reference log-probs of a uniform model plus noise (float32)."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.packing import load_pairs
+
+    s = SHAPES
+    arrays = load_pairs(s["hh_prompt"], s["hh_response"], None)
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(arrays["prompt_ids"].shape[0], s["hh_pairs"], replace=False))
+    out = {f"hh_{k}": np.asarray(arrays[f"{k}"])[pick].astype(np.int32) for k in
+           ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask")}
+    lv = math.log(VOCAB)
+    for side in ("chosen", "rejected"):
+        n = out[f"hh_{side}_mask"].sum(1)
+        out[f"hh_ref_{side}"] = (-n * lv + rng.normal(0, 5, n.shape[0])).astype(np.float32)
+    return out
+
+
+def prepare_work(work: Path, layers: int, env: dict, tasks: tuple[str, ...] = TASKS) -> None:
+    """Write ``work/{model/, batch.npz, spec.json}`` (the weights by the jaxppo driver, in its own process); the
+    ``dpo_hh`` pairs only when ``tasks`` has that row (they need ``../shared`` and the tokenizer)."""
     work.mkdir(parents=True, exist_ok=True)
-    np.savez(work / "batch.npz", **make_batch())
-    spec = {"layers": layers, "rope_theta": 1e6, "vocab": VOCAB, "pad_id": VOCAB - 1, "shapes": SHAPES,
+    batch, shapes = make_batch(), dict(SHAPES)
+    if "dpo_hh" in tasks:
+        batch.update(hh_batch())
+        shapes["hh_real_tokens"] = int(sum(batch[f"hh_{k}_mask"].sum() for k in ("prompt", "chosen", "rejected")))
+    np.savez(work / "batch.npz", **batch)
+    spec = {"layers": layers, "rope_theta": 1e6, "vocab": VOCAB, "pad_id": VOCAB - 1, "shapes": shapes,
             "hparams": HPARAMS}
     (work / "spec.json").write_text(json.dumps(spec, indent=2))
     subprocess.run([sys.executable, str(DRIVERS / "jaxppo_driver.py"), "--export", str(work), "--layers",
@@ -224,7 +254,7 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
     tmp = None if args.work else tempfile.TemporaryDirectory(prefix="peers-")
     work = Path(args.work or tmp.name)
-    prepare_work(work, layers, env)
+    prepare_work(work, layers, env, tuple(tasks))
     rows = []
     plan = ([(t, d) for t in tasks for d in dtypes.split(",")] if dtypes else
             [(t, d) for t, d in DEFAULT_PLAN if t in tasks])

@@ -12,7 +12,8 @@ Tasks: ``fwdbwd`` (mean next-token cross-entropy over all positions, gradients o
 ``dpo`` (one DPO update, reference log-probs given in the batch), ``grpo`` (one critic-free clipped-ratio
 update with given advantages and old log-probs), ``ppo`` (one actor update and one critic update with given
 GAE advantages, returns and old values), ``lora`` (the DPO update with rank-8 adapters on the attention and
-MLP projections, base weights frozen).
+MLP projections, base weights frozen), ``dpo_hh`` (the DPO update on real HH-RLHF lengths, ``hh_*`` arrays: prompts
+left padded, answers right padded, masks beside; each tool lays the ragged rows out as it does best).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-TASKS = ("fwdbwd", "dpo", "grpo", "ppo", "lora")
+TASKS = ("fwdbwd", "dpo", "grpo", "ppo", "lora", "dpo_hh")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -44,6 +45,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=5, help="timed updates; 0: the loss only")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
+
+
+def ragged_rows(b: dict) -> list[tuple[list[int], list[int]]]:
+    """The ``dpo_hh`` pairs as ``2n`` unpadded ``(prompt, answer)`` token lists: the chosen rows, then the rejected."""
+    out = []
+    for side in ("chosen", "rejected"):
+        for i in range(b["hh_prompt_ids"].shape[0]):
+            p = b["hh_prompt_ids"][i][b["hh_prompt_mask"][i] > 0].tolist()
+            out.append((p, b[f"hh_{side}_ids"][i][b[f"hh_{side}_mask"][i] > 0].tolist()))
+    return out
 
 
 def load_work(work: str | Path) -> tuple[dict, dict[str, np.ndarray], Path]:
@@ -67,8 +78,11 @@ def minor_faults() -> int:
 
 def tokens_of(task: str, spec: dict) -> int:
     """Tokens one update processes: ``B x T`` (fwdbwd), ``2 x pairs x (P + R)`` (dpo, lora), ``B x (P + R)``
-    (grpo, ppo: the critic's pass over the same tokens is not counted twice)."""
+    (grpo, ppo: the critic's pass over the same tokens is not counted twice), the real tokens (dpo_hh: each pair's
+    prompt once and both answers)."""
     s = spec["shapes"]
+    if task == "dpo_hh":
+        return s["hh_real_tokens"]
     if task == "fwdbwd":
         return s["fwd_batch"] * s["fwd_seq"]
     if task in ("dpo", "lora"):

@@ -11,6 +11,9 @@ What each task runs (the jaxppo code paths a training run takes):
   positions (as ``benchmarks/model.py``);
 - ``dpo``: ``trainer.dpo_step.make_dpo_step`` (the DPO trainer's jitted, donated update; sigmoid loss,
   reference log-probs from the batch);
+- ``dpo_hh``: the same step on the real-length pairs with their packed rows (``data.packing``:
+  ``trainer.dpo.steps.plan_pairs``, each pair's prompt once; planned on the host before the timing, as the trainer
+  plans a batch while building it);
 - ``grpo`` / ``ppo``: the PPO trainer's update of one minibatch, ``steps.make_phases`` + ``make_update`` +
   ``run_epochs`` (actor phase; ``ppo`` adds the critic phase of a separate ``ValueModel``), jitted with the
   parameters and optimizer states donated; ``replay.group_size = 4`` as a GRPO run on this data sets it (the rows
@@ -96,8 +99,8 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         loss = float(step(params, ids)[0])
         return loss, {}, lambda: jax.block_until_ready(step(params, ids)), versions, notes
 
-    if task in ("dpo", "lora"):
-        from jaxppo.trainer.dpo.steps import DPOHParams, DPOState, make_dpo_step
+    if task in ("dpo", "lora", "dpo_hh"):
+        from jaxppo.trainer.dpo.steps import DPOHParams, DPOState, make_dpo_step, plan_pairs
         from jaxppo.optim import split_params
         if task == "lora":
             from jaxppo.models.adapters import split_frozen
@@ -105,8 +108,9 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         else:
             graphdef, params = split_params(model)
         tx = _optimizer(hp)
+        pairs = spec["shapes"]["hh_pairs" if task == "dpo_hh" else "dpo_pairs"]
         dhp = DPOHParams(beta=hp["dpo_beta"], loss_type="sigmoid", label_smoothing=0.0, rpo_alpha=0.0,
-                         micro_batch_size=spec["shapes"]["dpo_pairs"])
+                         micro_batch_size=pairs)
         step = make_dpo_step(graphdef, tx, lambda s: jnp.float32(hp["lr"]), dhp, base=base)
         z = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state is donated
         state = DPOState(step=z(), actor=params, actor_opt=tx.init(params), lr_scale=jnp.ones((), jnp.float32),
@@ -117,6 +121,12 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
                  "ref_chosen": jnp.asarray(b["dpo_ref_chosen"]), "ref_rejected": jnp.asarray(b["dpo_ref_rejected"])}
         batch.update(prompt_mask=ones(batch["prompt_ids"]), chosen_mask=ones(batch["chosen_ids"]),
                      rejected_mask=ones(batch["rejected_ids"]))
+        if task == "dpo_hh":   # the real-length pairs, packed (data.packing)
+            host = {k[3:]: b[k] for k in b if k.startswith("hh_") and not k.startswith("hh_ref_")}
+            batch = {**{k: jnp.asarray(v, jnp.int32) for k, v in host.items()},
+                     "ref_chosen": jnp.asarray(b["hh_ref_chosen"]), "ref_rejected": jnp.asarray(b["hh_ref_rejected"]),
+                     "packed": jax.tree.map(jnp.asarray, plan_pairs(host, pairs))}
+            notes.append(f"packed rows {tuple(batch['packed'].ids.shape)} (data.packing: plan_pairs, each prompt once)")
         holder = {"state": state}
 
         def update():

@@ -11,6 +11,10 @@ AdamW ``step`` -> ``zero_grad``, i.e. the body of ``Trainer.training_step`` with
   positions.
 - ``grpo``: ``GRPOConfig(beta=0, loss_type="bnpo")`` (token-mean over the batch, jaxppo's ``token-mean``),
   ``epsilon=0.2``; advantages and ``old_per_token_logps`` in the inputs.
+- ``dpo_hh``: the same update on the real-length pairs in the layout of TRL's preference collator: each row
+  ``prompt + answer`` (chosen rows, then rejected), right padded to the batch's longest row, ``completion_mask`` on
+  the answer tokens (exactly what ``DataCollatorForPreference`` builds; TRL 1.16 turns ``padding_free=True`` off
+  with a warning and pads).
 - ``ppo``: TRL 1.16 ships no PPO trainer (no value-model update step): reported as unsupported.
 - ``lora``: ``peft`` rank-8 adapters on the DPO update, when ``peft`` is installed in the venv.
 - ``bfloat16``: float32 parameters under ``torch.autocast("cpu", bfloat16)`` (what ``bf16=True`` does).
@@ -80,7 +84,7 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
     from datasets import Dataset
     tmp = tempfile.mkdtemp(prefix="trl-")
     tok = _tokenizer(spec["vocab"])
-    if task in ("dpo", "lora"):
+    if task in ("dpo", "lora", "dpo_hh"):
         peft_config = None
         if task == "lora":
             try:
@@ -92,17 +96,32 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
                                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                           "up_proj", "down_proj"], task_type="CAUSAL_LM")
         ds = Dataset.from_dict({"prompt": ["t1 t2", "t3 t4"], "chosen": [" t5", " t6"], "rejected": [" t7", " t8"]})
-        args = trl.DPOConfig(**_common_args(hp, dtype, tmp, s["dpo_pairs"]), beta=hp["dpo_beta"], loss_type=["sigmoid"],
+        n = s["hh_pairs" if task == "dpo_hh" else "dpo_pairs"]
+        args = trl.DPOConfig(**_common_args(hp, dtype, tmp, n), beta=hp["dpo_beta"], loss_type=["sigmoid"],
                              precompute_ref_log_probs=True, max_length=None)
         trainer = trl.DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
                                  peft_config=peft_config)
-        P, R, n = s["dpo_prompt"], s["dpo_response"], s["dpo_pairs"]
-        prompt = T(b["dpo_prompt"]).long()
-        ids = torch.cat([torch.cat([prompt, T(b["dpo_chosen"]).long()], 1),
-                         torch.cat([prompt, T(b["dpo_rejected"]).long()], 1)], 0)
-        cm = torch.cat([torch.zeros(2 * n, P, dtype=torch.long), torch.ones(2 * n, R, dtype=torch.long)], 1)
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": cm,
-                  "ref_chosen_logps": T(b["dpo_ref_chosen"]), "ref_rejected_logps": T(b["dpo_ref_rejected"])}
+        if task == "dpo_hh":    # ragged rows, right padded to the longest (TRL's preference collator layout)
+            rows = common.ragged_rows(b)
+            width = max(len(p) + len(a) for p, a in rows)
+            ids = torch.full((2 * n, width), spec["pad_id"], dtype=torch.long)
+            am = torch.zeros(2 * n, width, dtype=torch.long)
+            cm = torch.zeros(2 * n, width, dtype=torch.long)
+            for i, (p, a) in enumerate(rows):
+                ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+                am[i, :len(p) + len(a)] = 1
+                cm[i, len(p):len(p) + len(a)] = 1
+            inputs = {"input_ids": ids, "attention_mask": am, "completion_mask": cm,
+                      "ref_chosen_logps": T(b["hh_ref_chosen"]), "ref_rejected_logps": T(b["hh_ref_rejected"])}
+            notes.append(f"rows right padded to the batch's longest: {tuple(ids.shape)}")
+        else:
+            P, R = s["dpo_prompt"], s["dpo_response"]
+            prompt = T(b["dpo_prompt"]).long()
+            ids = torch.cat([torch.cat([prompt, T(b["dpo_chosen"]).long()], 1),
+                             torch.cat([prompt, T(b["dpo_rejected"]).long()], 1)], 0)
+            cm = torch.cat([torch.zeros(2 * n, P, dtype=torch.long), torch.ones(2 * n, R, dtype=torch.long)], 1)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": cm,
+                      "ref_chosen_logps": T(b["dpo_ref_chosen"]), "ref_rejected_logps": T(b["dpo_ref_rejected"])}
         notes.append("update = DPOTrainer.compute_loss + backward + clip + AdamW step (precompute_ref_log_probs)")
     else:  # grpo
         ds = Dataset.from_dict({"prompt": ["t1 t2"] * s["rl_batch"]})

@@ -10,6 +10,8 @@ uses 1e6 in every tool for that reason. Updates use Tunix's own trainers and los
 - ``dpo``: ``sft.dpo.DPOTrainer(ref_model=None)``'s jitted train step (``jit_train_and_eval_step``: donated
   optimizer) on a ``dpo_trainer.TrainExample`` that carries the precomputed reference log-probs (its own
   ``_prepare_inputs`` would run the reference model every step);
+- ``dpo_hh``: the same step on the real-length pairs, prompts left padded and answers right padded to the batch's
+  longest (Tunix's fixed-shape layout at its tightest: one compile for the batch).
 - ``grpo``: a ``rl.trainer.Trainer`` (the learners' actor trainer) with ``algo_core.grpo_loss_fn``
   (``GRPOConfig(beta=0, epsilon=0.2, loss_agg_mode="token-mean")``);
 - ``ppo``: the same actor trainer with ``ppo_policy_loss_fn`` and a critic trainer with ``ppo_value_loss_fn``
@@ -82,7 +84,7 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         return loss, {}, lambda: jax.block_until_ready(fwdbwd(model)), versions, notes
 
     from tunix.sft import peft_trainer
-    if task in ("dpo", "lora"):
+    if task in ("dpo", "lora", "dpo_hh"):
         from tunix.sft.dpo import dpo_trainer
         if task == "lora":
             import qwix
@@ -93,16 +95,29 @@ def build(task: str, dtype: str, spec: dict, b: dict, model_dir: Path):
         trainer = dpo_trainer.DPOTrainer(model, None, optimizer(), dpo_trainer.DPOTrainingConfig(
             eval_every_n_steps=10 ** 9, max_steps=10 ** 6, beta=hp["dpo_beta"], label_smoothing=0.0))
         train_step, _ = trainer.jit_train_and_eval_step()
-        P, R = s["dpo_prompt"], s["dpo_response"]
-        prompt = jnp.asarray(b["dpo_prompt"], jnp.int32)
-        ids = jnp.concatenate([jnp.concatenate([prompt, jnp.asarray(b["dpo_chosen"], jnp.int32)], 1),
-                               jnp.concatenate([prompt, jnp.asarray(b["dpo_rejected"], jnp.int32)], 1)], 0)
-        mask = jnp.ones_like(ids)
+        if task == "dpo_hh":    # prompts left padded, answers right padded, to the batch's longest (not the caps)
+            import numpy as np
+            rows = common.ragged_rows(b)
+            P, R = max(len(p) for p, _ in rows), max(len(a) for _, a in rows)
+            ids_np = np.full((len(rows), P + R), spec["pad_id"], np.int32)
+            mask_np = np.zeros((len(rows), P + R), np.int32)
+            for i, (p, a) in enumerate(rows):
+                ids_np[i, P - len(p):P], ids_np[i, P:P + len(a)] = p, a
+                mask_np[i, P - len(p):P + len(a)] = 1
+            ids, mask = jnp.asarray(ids_np), jnp.asarray(mask_np)
+            ref_c, ref_r = jnp.asarray(b["hh_ref_chosen"]), jnp.asarray(b["hh_ref_rejected"])
+            notes.append(f"prompts left / answers right padded to the batch's longest: {ids_np.shape}")
+        else:
+            P, R = s["dpo_prompt"], s["dpo_response"]
+            prompt = jnp.asarray(b["dpo_prompt"], jnp.int32)
+            ids = jnp.concatenate([jnp.concatenate([prompt, jnp.asarray(b["dpo_chosen"], jnp.int32)], 1),
+                                   jnp.concatenate([prompt, jnp.asarray(b["dpo_rejected"], jnp.int32)], 1)], 0)
+            mask = jnp.ones_like(ids)
+            ref_c, ref_r = jnp.asarray(b["dpo_ref_chosen"]), jnp.asarray(b["dpo_ref_rejected"])
         ex = dpo_trainer.TrainExample(
             input_ids=ids, positions=rl_common.build_positions_from_mask(mask),
-            attention_mask=rl_common.make_causal_attn_mask(mask), ref_chosen_logps=jnp.asarray(b["dpo_ref_chosen"]),
-            ref_rejected_logps=jnp.asarray(b["dpo_ref_rejected"]), completion_mask=mask[:, P:].astype(jnp.float32),
-            logits_to_keep=R)
+            attention_mask=rl_common.make_causal_attn_mask(mask), ref_chosen_logps=ref_c,
+            ref_rejected_logps=ref_r, completion_mask=mask[:, P:].astype(jnp.float32), logits_to_keep=R)
 
         def update():
             out = train_step(ex)

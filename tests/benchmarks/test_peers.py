@@ -119,7 +119,27 @@ def test_jaxppo_driver_rl_rows_run(work):
     assert ppo["loss"] == pytest.approx(parts["policy_loss"] + parts["value_loss"], rel=1e-6)
 
 
-CHECKED = ("fwdbwd", "dpo", "grpo")
+@pytest.mark.slow
+def test_dpo_hh_row_real_lengths_packed(work):
+    """The real-length DPO row: 8 HH-RLHF pairs at caps (256, 128) (prompts left padded, answers right padded, not
+    all at the caps), and jaxppo's driver runs them packed, counting the real tokens only."""
+    with np.load(work / "batch.npz") as z:
+        b = {k: z[k] for k in z.files if k.startswith("hh_")}
+    s = peers.SHAPES
+    pm, cm, rm = b["hh_prompt_mask"], b["hh_chosen_mask"], b["hh_rejected_mask"]
+    assert pm.shape == (s["hh_pairs"], s["hh_prompt"]) and cm.shape == rm.shape == (s["hh_pairs"], s["hh_response"])
+    n_p = pm.sum(1)
+    assert (pm == (np.arange(s["hh_prompt"]) >= s["hh_prompt"] - n_p[:, None])).all()     # left padded
+    assert (cm == (np.arange(s["hh_response"]) < cm.sum(1)[:, None])).all()               # right padded
+    assert n_p.min() >= 1
+    assert cm.sum() + rm.sum() < 2 * cm.size                                               # ragged: not all at the cap
+    rec = _run_driver(sys.executable, "jaxppo", "dpo_hh", work, 1, _env())
+    assert rec["unsupported"] is None and np.isfinite(rec["loss"]) and rec["s_per_update"] > 0
+    assert any(n.startswith("packed rows") for n in rec["notes"])
+    assert rec["tokens_per_update"] == int(pm.sum() + cm.sum() + rm.sum())
+
+
+CHECKED = ("fwdbwd", "dpo", "grpo", "dpo_hh")
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +150,8 @@ def jaxppo_losses():
 
 @pytest.mark.parametrize("tool", ["tunix", "trl"])
 def test_peer_losses_match_jaxppo(work, tool, jaxppo_losses):
-    """The same weights and batch give the same loss in the peer (model, DPO and GRPO losses; 2 layers)."""
+    """The same weights and batch give the same loss in the peer (model, DPO and GRPO losses, and the DPO loss on
+    real lengths in each tool's own layout; 2 layers)."""
     py = peers.venv_python(tool)
     if not py.exists():
         pytest.skip(f"{tool} venv missing ({py}): run `bash benchmarks/peers/setup.sh {tool}`")
