@@ -272,7 +272,7 @@ def main(argv=None) -> dict:
                      "speedups": speedups(recs, check)})
     total = time.perf_counter() - t_start
     res = {"date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "machine": machine.describe(),
+           "machine": machine.describe(), "commit": machine.git_commit(),
            "layers": layers, "repeats": repeats, "rope_theta": 1e6, "shapes": SHAPES, "hparams": HPARAMS,
            "loss_tolerance_abs": LOSS_TOL, "total_wall_s": total, "rows": rows}
     print_table(rows)

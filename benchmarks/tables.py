@@ -28,6 +28,7 @@ PEERS_CURRENT: dict[tuple[str, str], str] = {
     ("fwdbwd", "bfloat16"): "peers_all.json", ("dpo", "bfloat16"): "peers_all.json",
     ("lora", "bfloat16"): "peers_lora_bfloat16.json",
     ("grpo", "bfloat16"): "peers_grpo_ppo.json", ("ppo", "bfloat16"): "peers_grpo_ppo.json",
+    ("dpo_hh", "float32"): "peers_dpo_hh.json",
 }
 #: the repeated float32 forward+backward runs (tool order rotated between them)
 PEERS_ROUNDS = [f"peers_fwdbwd_rounds/round{k}.json" for k in range(1, 6)]
