@@ -273,6 +273,18 @@ def packing_table(rec: dict | None = None) -> str:
                 "packed: real tokens/s (peak RSS)", "packed / padded"], "llrrrr", rows)
 
 
+def packing_train_table(rec: dict | None = None) -> str:
+    """A whole training run, packed vs padded (``train_time.py --compare packing``): the config, the ABBA pairs,
+    each arm's median update-step time, and the paired packed / padded ratios of update-step and wall time."""
+    rec = load("train_time_packing.json") if rec is None else rec
+    med = {a: statistics.median(r["train_s"] for r in rec["runs"] if r["arm"] == a) for a in ("packed", "padded")}
+    ci = lambda r: f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"  # noqa: E731
+    return _md(["config", "pairs", "padded update steps s (median)", "packed update steps s (median)",
+                "packed / padded, update steps [95% CI]", "packed / padded, wall [95% CI]"], "lrrrll",
+               [[f"`{rec['config']}`", str(rec["train_ratio"]["pairs"]), f"{med['padded']:.1f}", f"{med['packed']:.1f}",
+                 ci(rec["train_ratio"]), ci(rec["wall_ratio"])]])
+
+
 def attention_table() -> str:
     """Forward + backward of each attention implementation this CPU runs (attention.py), against the reference."""
     rec = load("attention_cpu.json")
@@ -300,11 +312,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "ops": ops_table, "replay": replay_table, "layouts": layouts_table, "layer": layer_table, "matmul": matmul_table,
     "peers": peers_table, "peers-rounds": peers_rounds_table, "peers-ab": peers_ab_table, "train": train_table,
     "estimators": estimators_table, "device": device_table, "device-plans": device_plans_table,
-    "packing": packing_table, "attention": attention_table, "quickstart": quickstart_table,
+    "packing": packing_table, "packing-train": packing_train_table, "attention": attention_table,
+    "quickstart": quickstart_table,
 }
 DOCS: dict[str, tuple[str, ...]] = {
-    "benchmarks/README.md": ("ops", "replay", "peers", "train", "estimators", "attention", "packing", "quickstart",
-                             "device"),
+    "benchmarks/README.md": ("ops", "replay", "peers", "train", "estimators", "attention", "packing", "packing-train",
+                             "quickstart", "device"),
     "benchmarks/cpu.md": ("layouts", "layer", "matmul", "peers-rounds", "peers-ab"),
     "launch/README.md": ("device-plans",),
 }

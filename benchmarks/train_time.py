@@ -1,12 +1,15 @@
-"""Paired training time of prioritized replay + importance sampling against uniform replay without IS.
+"""Paired training time of two arms of one config: prioritized replay + importance sampling against uniform replay
+without IS (the default), or packed against padded batches.
 
-    python benchmarks/train_time.py [--pairs 6] [--config configs/smoke.yaml] [--out results/train_time.json]
+    python benchmarks/train_time.py [--compare per_is|packing] [--pairs 6] [--config configs/smoke.yaml]
+                                    [--out results/train_time.json]
 
-The same offline data and budget (the config's ``trainer.total_steps``), two arms that differ only in
-``replay.sampling`` / ``importance.enabled``:
+The same offline data and budget (the config's ``trainer.total_steps``), two arms (``COMPARISONS``) that differ
+only in
 
-- ``per_is``: ``replay.sampling=prioritized`` (the config's alpha and beta) with token-level truncated IS;
-- ``uniform``: ``replay.sampling=uniform``, ``importance.enabled=false``.
+- ``per_is``: ``per_is`` = ``replay.sampling=prioritized`` (the config's alpha and beta) with token-level truncated
+  IS vs ``uniform`` = ``replay.sampling=uniform``, ``importance.enabled=false``;
+- ``packing``: ``packed`` = ``data.packing=true`` vs ``padded`` = ``data.packing=false``.
 
 Each run is ``python -m jaxppo.train`` in its own process (a fresh compile each time, no shared cache), evaluation
 only at the end, and the arms alternate in ABBA order (``per_is, uniform, uniform, per_is, ...``) so a drift of the
@@ -34,19 +37,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-ARMS = {
-    "per_is": ["replay.sampling=prioritized", "importance.enabled=true", "importance.level=token",
-               "importance.mode=truncate"],
-    "uniform": ["replay.sampling=uniform", "importance.enabled=false"],
+#: comparison -> {arm: overrides}, the first arm the ratio's numerator
+COMPARISONS = {
+    "per_is": {"per_is": ["replay.sampling=prioritized", "importance.enabled=true", "importance.level=token",
+                          "importance.mode=truncate"],
+               "uniform": ["replay.sampling=uniform", "importance.enabled=false"]},
+    "packing": {"packed": ["data.packing=true"], "padded": ["data.packing=false"]},
 }
+ARMS = COMPARISONS["per_is"]
+WHAT = {"per_is": "training time, prioritized replay + token IS vs uniform replay without IS, ABBA pairs",
+        "packing": "training time, packed vs padded batches (data.packing), ABBA pairs"}
 COMMON = ["trainer.progress=false", "trainer.tensorboard=false", "trainer.plots=false", "trainer.save_hf=false"]
 
 
-def abba(pairs: int) -> list[str]:
-    """The run order: ``per_is, uniform`` then ``uniform, per_is``, alternating, ``2 x pairs`` runs."""
+def abba(pairs: int, arms: tuple[str, str] = ("per_is", "uniform")) -> list[str]:
+    """The run order: ``A, B`` then ``B, A``, alternating, ``2 x pairs`` runs."""
+    a, b = arms
     out: list[str] = []
     for k in range(pairs):
-        out += ["per_is", "uniform"] if k % 2 == 0 else ["uniform", "per_is"]
+        out += [a, b] if k % 2 == 0 else [b, a]
     return out
 
 
@@ -61,11 +70,12 @@ def paired_ratio(a: list[float], b: list[float]) -> dict:
 
 
 
-def run_one(config: str, arm: str, extra: list[str], out_dir: Path) -> dict:
-    """One training run of ``arm`` in its own process; its times from the process and its ``summary.json``."""
+def run_one(config: str, arm: str, extra: list[str], out_dir: Path, arms: dict | None = None) -> dict:
+    """One training run of ``arm`` (of ``arms``, default ``ARMS``) in its own process; its times from the process
+    and its ``summary.json``."""
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "jaxppo.train", "--config", config, *COMMON, *ARMS[arm], *extra,
+    cmd = [sys.executable, "-m", "jaxppo.train", "--config", config, *COMMON, *(arms or ARMS)[arm], *extra,
            f"trainer.output_dir={out_dir}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -81,30 +91,33 @@ def run_one(config: str, arm: str, extra: list[str], out_dir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/smoke.yaml")
+    ap.add_argument("--compare", choices=list(COMPARISONS), default="per_is")
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--out", default="results/train_time.json")
     ap.add_argument("overrides", nargs="*", help="dotted.key=value overrides for both arms")
     args = ap.parse_args(argv)
     from benchmarks.machine import describe, git_commit
 
+    arms = COMPARISONS[args.compare]
+    a, b = list(arms)
     runs = []
     with tempfile.TemporaryDirectory(prefix="jaxppo_train_time_") as tmp:
-        for i, arm in enumerate(abba(args.pairs)):
-            r = run_one(args.config, arm, list(args.overrides), Path(tmp) / f"{i:02d}_{arm}")
+        for i, arm in enumerate(abba(args.pairs, (a, b))):
+            r = run_one(args.config, arm, list(args.overrides), Path(tmp) / f"{i:02d}_{arm}", arms)
             runs.append(r)
             print(f"{i:2d} {arm:8s} train {r['train_s']:.2f} s, wall {r['wall_s']:.2f} s, load {r['load_before'][0]:.2f}",
                   flush=True)
-    per = {a: [r for r in runs if r["arm"] == a] for a in ARMS}
-    doc = {"what": "training time, prioritized replay + token IS vs uniform replay without IS, ABBA pairs",
+    per = {arm: [r for r in runs if r["arm"] == arm] for arm in arms}
+    doc = {"what": WHAT[args.compare],
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": git_commit(), "machine": describe(), "config": args.config, "overrides": list(args.overrides),
-           "arms": ARMS, "runs": runs,
-           "train_ratio": paired_ratio([r["train_s"] for r in per["per_is"]], [r["train_s"] for r in per["uniform"]]),
-           "wall_ratio": paired_ratio([r["wall_s"] for r in per["per_is"]], [r["wall_s"] for r in per["uniform"]])}
+           "arms": arms, "runs": runs,
+           "train_ratio": paired_ratio([r["train_s"] for r in per[a]], [r["train_s"] for r in per[b]]),
+           "wall_ratio": paired_ratio([r["wall_s"] for r in per[a]], [r["wall_s"] for r in per[b]])}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     t = doc["train_ratio"]
-    print(f"per_is / uniform update-step time: {t['ratio']:.3f} [{t['lo']:.3f}, {t['hi']:.3f}] over {t['pairs']} pairs")
+    print(f"{a} / {b} update-step time: {t['ratio']:.3f} [{t['lo']:.3f}, {t['hi']:.3f}] over {t['pairs']} pairs")
     return 0
 
 

@@ -76,3 +76,13 @@ def test_packing_table_groups_merged_rows_by_caps_in_the_pass_order():
     rows = [r.split(" | ")[:2] for r in tables.packing_table(rec).splitlines()[2:]]
     assert rows == [["| 512+256", "behaviour"], ["| 512+256", "ppo"], ["| 256+128", "behaviour"],
                     ["| 256+128", "dpo"], ["| 256+128", "grpo"]]
+
+
+def test_packing_train_table_by_hand():
+    runs = [{"arm": "packed", "train_s": t} for t in (1.0, 3.0, 2.0)] + [{"arm": "padded", "train_s": t}
+                                                                          for t in (4.0, 6.0, 5.0)]
+    r = {"ratio": 0.4, "lo": 0.35, "hi": 0.45, "pairs": 3}
+    table = tables.packing_train_table({"config": "configs/smoke.yaml", "runs": runs, "train_ratio": r,
+                                        "wall_ratio": dict(r, ratio=0.5, lo=0.45, hi=0.55)})
+    assert table.splitlines()[-1] == ("| `configs/smoke.yaml` | 3 | 5.0 | 2.0 | 0.400 [0.350, 0.450] | "
+                                      "0.500 [0.450, 0.550] |")

@@ -13,6 +13,8 @@ from benchmarks import train_time as T
 
 def test_abba_order():
     assert T.abba(3) == ["per_is", "uniform", "uniform", "per_is", "per_is", "uniform"]
+    assert T.abba(2, ("packed", "padded")) == ["packed", "padded", "padded", "packed"]
+    assert list(T.COMPARISONS["packing"]) == ["packed", "padded"] and T.ARMS is T.COMPARISONS["per_is"]
 
 
 def test_paired_ratio_by_hand():
