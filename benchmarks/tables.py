@@ -316,9 +316,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "quickstart": quickstart_table,
 }
 DOCS: dict[str, tuple[str, ...]] = {
-    "benchmarks/README.md": ("ops", "replay", "peers", "train", "estimators", "attention", "packing", "packing-train",
-                             "quickstart", "device"),
-    "benchmarks/cpu.md": ("layouts", "layer", "matmul", "peers-rounds", "peers-ab"),
+    "benchmarks/README.md": ("ops", "replay", "peers", "train", "attention", "packing", "packing-train", "quickstart",
+                             "device"),
+    "benchmarks/cpu.md": ("layouts", "layer", "matmul", "estimators", "peers-rounds", "peers-ab"),
     "launch/README.md": ("device-plans",),
 }
 
