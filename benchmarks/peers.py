@@ -128,7 +128,7 @@ def hh_batch(seed: int = 0) -> dict[str, np.ndarray]:
     arrays = load_pairs(s["hh_prompt"], s["hh_response"], None)
     rng = np.random.default_rng(seed)
     pick = np.sort(rng.choice(arrays["prompt_ids"].shape[0], s["hh_pairs"], replace=False))
-    out = {f"hh_{k}": np.asarray(arrays[f"{k}"])[pick].astype(np.int32) for k in
+    out = {f"hh_{k}": np.asarray(arrays[k])[pick].astype(np.int32) for k in
            ("prompt_ids", "prompt_mask", "chosen_ids", "chosen_mask", "rejected_ids", "rejected_mask")}
     lv = math.log(VOCAB)
     for side in ("chosen", "rejected"):

@@ -255,5 +255,5 @@ def _pallas_gpu(q, k, v, mask: SegmentMask, *, interpret: bool) -> jax.Array:
                              block_sizes=sizes, interpret=interpret)
 
 
-__all__ = ["BACKEND_OF", "CPU_AUTO", "IMPLEMENTATIONS", "SegmentMask", "branch_capable", "check_backend", "fits", "resolve",
-           "segment_attention", "self_attention_mask"]
+__all__ = ["BACKEND_OF", "CPU_AUTO", "IMPLEMENTATIONS", "SegmentMask", "branch_capable", "check_backend", "fits",
+           "resolve", "segment_attention", "self_attention_mask"]

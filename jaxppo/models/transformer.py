@@ -262,7 +262,8 @@ class Transformer(nnx.Module):
         states equal those of its padded row (``__call__``) when its tokens sit in consecutive slots.
         ``branch_ids`` [N, L] (groups packed with their prompt once, ``packing.pack_shared``): key ``j`` is seen
         only if ``branch_j`` is 0 or ``branch_i``, so each continuation's hidden states equal those of the padded
-        row ``concat(prompt, continuation)``. ``lora_key``: adapter dropout (``DecoderLayers.__call__``; masks drawn for the packed layout).
+        row ``concat(prompt, continuation)``. ``lora_key``: adapter dropout (``DecoderLayers.__call__``; masks drawn
+        for the packed layout).
         """
         ids = jnp.asarray(ids)
         _mask_or_ones(ids, segment_ids)

@@ -17,8 +17,8 @@ split hands piece ``j`` its own plan:
 - sequence-indexed arrays (``response_index`` [B, R], ``token_index`` [B, P+R], ``last_index`` [B]): row
   ``k·n + j`` holds piece ``j``'s entry for its local row ``k``, a flat index into that piece's ``N·L`` slots;
 - the real-response-token arrays (``head_index``, ``head_target`` [n·H]): entry ``k·n + j`` is piece ``j``'s
-  entry ``k`` (``head_target`` flat into that piece's ``m·R``, ``m·n_c·R`` with ``n_c`` continuations), ``H`` the same for every piece (the largest
-  piece's budget; the others get padding entries).
+  entry ``k`` (``head_target`` flat into that piece's ``m·R``, ``m·n_c·R`` with ``n_c`` continuations), ``H``
+  the same for every piece (the largest piece's budget; the others get padding entries).
 
 ``N`` is a multiple of ``multiple_of`` (the data-parallel size: each piece's rows are split over the batch axes)
 and one of at most ``buckets`` values for a given ``m``; so is ``H`` (of ``m·R``). A pass compiles one program per

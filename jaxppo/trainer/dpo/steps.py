@@ -120,14 +120,6 @@ def pair_stack(batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.A
     return p_ids, p_mask, r_ids, r_mask
 
 
-def stack_fields(batch: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The token fields (``jaxppo.trainer.packed.TOKEN_FIELDS``) of a host batch's ``[2B]`` stack, chosen rows
-    then rejected rows (:func:`pair_stack` in numpy)."""
-    cat = lambda a, b: np.concatenate([np.asarray(batch[a]), np.asarray(batch[b])])  # noqa: E731
-    return {"prompt_ids": cat("prompt_ids", "prompt_ids"), "prompt_mask": cat("prompt_mask", "prompt_mask"),
-            "response_ids": cat("chosen_ids", "rejected_ids"), "response_mask": cat("chosen_mask", "rejected_mask")}
-
-
 def plan_pairs(batch: dict[str, Any], micro_batch_size: int, *, multiple_of: int = 1, buckets: int = 8):
     """The packed layout (``jaxppo.models.packing.Packed``, with ``branch_ids``) of a host batch of ``B`` pairs for
     the step's ``B / micro_batch_size`` strided micro-batches (module doc): ``plan_pieces`` of the pairs, each prompt
@@ -253,8 +245,9 @@ def _pair_logps_jit(graphdef, params, batch):
 def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_size: int, packing: bool = False
                ) -> tuple[np.ndarray, np.ndarray]:
     """Summed policy log-probs ``(chosen [N], rejected [N])`` of all pairs of ``arrays`` (batched, one compiled
-    shape: the last batch is padded with copies of its first row and cut). ``packing``: each batch's ``[2B]`` stack
-    runs as packed rows (:func:`plan_pairs`, one piece; at most 8 programs, logged via ``packing.ProgramLog``)."""
+    shape: the last batch is padded with copies of its first row and cut). ``packing``: each batch's pairs run as
+    packed rows, each prompt once (:func:`plan_pairs`, one piece; at most 8 programs, logged via
+    ``packing.ProgramLog``)."""
     from jaxppo.data.behaviour import batch_multiple
     from jaxppo.models.packing import ProgramLog
 
@@ -283,4 +276,4 @@ def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_
 
 
 __all__ = ["DPOHParams", "DPOState", "KTO_KEYS", "PAIR_KEYS", "batch_indices", "make_dpo_step", "pair_logps", "pair_loss",
-           "pair_stack", "plan_pairs", "plan_shardings", "policy_pair_logps", "stack_fields"]
+           "pair_stack", "plan_pairs", "plan_shardings", "policy_pair_logps"]
