@@ -82,13 +82,17 @@ def micro_grads(grad_fn: Callable, params: Any, args: tuple, n_micro: int, mesh:
     return jax.tree.map(lambda g: g / n_micro, gsum), aux
 
 
-def chunked_map(fn: Callable, xs: Any, chunk: int, mesh: Any = None, *, group_size: int = 1) -> Any:
+def chunked_map(fn: Callable, xs: Any, chunk: int, mesh: Any = None, *, group_size: int = 1,
+                aligned: Any = None) -> Any:
     """``fn`` over ``xs`` (a pytree of ``[N, ...]`` arrays) in ``chunk``-row pieces with ``lax.map``; the pieces are
     the strided micro-batches of ``N / chunk`` (module doc) and the per-row outputs come back in row order.
 
     ``group_size = n > 1``: the rows are whole groups of ``n`` consecutive rows, and every piece gets whole groups,
     each as ``n`` consecutive rows (the rows reordered by :func:`group_micro_order` before the split, the outputs
-    put back in row order after), so ``fn`` may treat a piece's rows ``k·n .. k·n+n−1`` as one group."""
+    put back in row order after), so ``fn`` may treat a piece's rows ``k·n .. k·n+n−1`` as one group.
+
+    ``aligned`` (optional pytree, e.g. a packed plan): arrays already laid out for the strided split, of any leading
+    size divisible by the number of pieces; split but not reordered, and ``fn`` is called ``fn((piece, aligned_j))``."""
     n = jax.tree.leaves(xs)[0].shape[0]
     if chunk < 1 or n % chunk:
         raise ValueError(f"{n} rows are not a multiple of the chunk {chunk}")
@@ -96,6 +100,8 @@ def chunked_map(fn: Callable, xs: Any, chunk: int, mesh: Any = None, *, group_si
     if perm is not None:
         xs = jax.tree.map(lambda v: v[perm], xs)
     parts = split_micro(xs, n // chunk, mesh)
+    if aligned is not None:
+        parts = (parts, split_micro(aligned, n // chunk, mesh))
     out = jax.lax.map(lambda part: fn(jax.tree.map(lambda v: constrain_batch(v, mesh, axis=0), part)), parts)
     out = jax.tree.map(strided_merge, out)
     if perm is not None:

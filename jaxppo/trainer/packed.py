@@ -58,10 +58,32 @@ def _interleave_rows(parts: list[np.ndarray]) -> np.ndarray:
     return np.stack(parts, axis=1).reshape(-1, *parts[0].shape[1:])
 
 
-def plan_pieces(fields: dict[str, Any], n_micro: int, *, multiple_of: int = 1, buckets: int = 8) -> Packed:
+def group_fields(fields: dict[str, Any], group_size: int) -> dict[str, np.ndarray]:
+    """Rows in whole groups of ``n = group_size`` consecutive rows sharing a prompt (``[G·n, ...]``) as the token
+    fields of ``G`` prompts with ``n`` continuations each: ``prompt_*`` [G, P] (each group's first row),
+    ``response_*`` [G, n, R]."""
+    arrays = {k: np.asarray(fields[k]) for k in TOKEN_FIELDS}
+    b = arrays["prompt_ids"].shape[0]
+    if group_size < 1 or b % group_size:
+        raise ValueError(f"group_fields: {b} rows are not whole groups of {group_size}")
+    g = b // group_size
+    out = {k: arrays[k][::group_size] for k in ("prompt_ids", "prompt_mask")}
+    out.update({k: arrays[k].reshape(g, group_size, -1) for k in ("response_ids", "response_mask")})
+    return out
+
+
+def plan_pieces(fields: dict[str, Any], n_micro: int, *, multiple_of: int = 1, buckets: int = 8,
+                group_size: int = 1) -> Packed:
     """The packed layout (module docstring) of ``B`` rows given as their token fields (:data:`TOKEN_FIELDS`, numpy
     ``[B, ...]``; ``response_ids``/``response_mask`` [B, n, R] for ``n`` continuations of each prompt) for
-    ``n_micro`` strided pieces."""
+    ``n_micro`` strided pieces.
+
+    ``group_size = n > 1``: the ``B`` rows are whole groups of ``n`` consecutive rows sharing a prompt, in group
+    order, and piece ``j`` gets groups ``j, j+n_micro, ...`` (``jaxppo.trainer.micro.group_micro_order``); each
+    group is packed with its prompt once (:func:`group_fields`), and each piece's sequence-indexed arrays describe
+    its ``[n·G_j]`` continuation-major stack."""
+    if group_size > 1:
+        fields = group_fields(fields, group_size)
     arrays = [np.asarray(fields[k]) for k in TOKEN_FIELDS]
     b = arrays[0].shape[0]
     if n_micro < 1 or b % n_micro:
@@ -88,4 +110,4 @@ def packed_shardings(mesh, *, branches: bool = False) -> Packed | None:
                     for f in Packed._fields))
 
 
-__all__ = ["TOKEN_FIELDS", "packed_shardings", "plan_pieces"]
+__all__ = ["TOKEN_FIELDS", "group_fields", "packed_shardings", "plan_pieces"]

@@ -129,15 +129,6 @@ class Core:
     step: Any      # jitted state -> (state, metrics)
 
 
-def packed_update(cfg: Any, hp: StepHP) -> bool:
-    """Whether the update step and the prepare pass run packed rows: ``data.packing``, except with
-    ``replay.group_size > 1``, whose passes run each group's prompt once (``Transformer.shared_prefix``) instead."""
-    if cfg.data.packing and hp.replay.group_size > 1:
-        logger.info("data.packing: the update and prepare passes keep their shared-prompt layout (replay.group_size=%d)",
-                    hp.replay.group_size)
-    return bool(cfg.data.packing) and hp.replay.group_size == 1
-
-
 def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params, replay_state, *,
                chunk: int, hp: StepHP, base=None) -> Core:
     """Optimizers, the initial ``TrainState`` and the jitted prepare/step: ONE code path for ``build_run``
@@ -178,9 +169,9 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
     shardings = shardings_of(state)
     capacity = replay_state.capacity
     prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp,
-                              base=base, packed=packed_update(cfg, hp))
+                              base=base, packed=bool(cfg.data.packing))
     step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh,
-                           hp=hp, base=base, packed=packed_update(cfg, hp))
+                           hp=hp, base=base, packed=bool(cfg.data.packing))
     return Core(state=state, actor_tx=actor_tx, critic_tx=critic_tx, prepare=prepare, step=step)
 
 

@@ -11,7 +11,9 @@ training update's loss (``steps.make_phases``); every other caller (prepare, eva
 rows ``k·n .. k·n+n−1`` sharing one prompt (the same ``prompt_ids``/``prompt_mask``; the buffer checks it,
 ``windows.check_whole_groups``), and the trunk runs each group's prompt once (``Transformer.shared_prefix``) with every
 response attending to it and rotated as in its own row: the same hidden states as the row layout, ``(P + n·R)/(n·(P+R))``
-of the token positions.
+of the token positions. With a packed layout as well (``packed``, planned by ``trainer.packed.plan_pieces(...,
+group_size=n)``), each group is one packed item, its prompt once (``packing.pack_shared``): the packed passes read
+the batch as its continuation-major stack (:func:`stack_order`) and return the outputs in row order.
 """
 
 from __future__ import annotations
@@ -35,6 +37,34 @@ def _ids_mask(batch: TokenFields) -> tuple[jax.Array, jax.Array, int, int]:
     return ids, mask, p, r
 
 
+class _Responses:
+    """The response fields of a batch, reordered (:func:`stack_order`)."""
+
+    def __init__(self, response_ids, response_mask):
+        self.response_ids, self.response_mask = response_ids, response_mask
+
+
+def stack_order(x: jax.Array, group_size: int, inverse: bool = False) -> jax.Array:
+    """Rows ``[G·n, ...]`` in whole groups of ``n`` (row ``g·n + c`` = continuation ``c`` of group ``g``) as the
+    continuation-major stack ``[n·G, ...]`` (row ``c·G + g``) of ``packing.pack_shared``; ``inverse``: back."""
+    n = int(group_size)
+    g = x.shape[0] // n
+    shape = (g, n) if not inverse else (n, g)
+    return jnp.swapaxes(x.reshape(*shape, *x.shape[1:]), 0, 1).reshape(x.shape)
+
+
+def _packed_view(batch: TokenFields, group_size: int):
+    """``(batch as the packed plan's sequences, outputs [.., R] back to row order)``: the batch itself with
+    ``group_size = 1``; its continuation-major stack with ``n > 1`` (module docstring)."""
+    n = int(group_size)
+    if n == 1:
+        return batch, lambda y: y
+    if batch.response_ids.shape[0] % n:
+        raise ValueError(f"packed batch of {batch.response_ids.shape[0]} rows is not made of whole groups of {n}")
+    view = _Responses(stack_order(batch.response_ids, n), stack_order(batch.response_mask, n))
+    return view, lambda y: stack_order(y, n, inverse=True)
+
+
 def response_positions(x: jax.Array, prompt_len: int, response_len: int) -> jax.Array:
     """``x[:, P-1 : P+R-1]``: the positions whose outputs predict the response tokens (``[B, P+R, ...]`` in)."""
     return x[:, prompt_len - 1:prompt_len + response_len - 1]
@@ -49,11 +79,10 @@ def response_hidden(trunk, batch: TokenFields, *, group_size: int = 1, lora_key=
     rows (``Transformer.packed``) and ``h`` is gathered at ``packed.response_index``; equal to the row layout's where
     ``response_mask`` is 1, and 0 elsewhere (the row layout has the hidden states of padding slots there)."""
     if packed is not None:
-        if int(group_size) != 1:
-            raise ValueError("response_hidden: packed batches are not combined with group_size > 1")
+        view, back = _packed_view(batch, group_size)
         h = trunk.packed(packed.ids, packed.segment_ids, packed.positions, branch_ids=packed.branch_ids,
                          lora_key=lora_key)
-        return gather(h, packed.response_index, batch.response_mask)
+        return back(gather(h, packed.response_index, view.response_mask))
     n = int(group_size)
     if n == 1:
         ids, mask, p, r = _ids_mask(batch)
@@ -128,12 +157,11 @@ def response_logp_entropy(actor_gd, actor_params, batch: TokenFields, *, base=No
     if packed is None:
         logits = response_logits(actor_gd, actor_params, batch, base=base, lora_key=lora_key, group_size=group_size)
         return logp_entropy(logits, batch.response_ids, batch.response_mask, entropy_grad=entropy_grad)
-    if int(group_size) != 1:
-        raise ValueError("response_logp_entropy: packed batches are not combined with group_size > 1")
+    view, back = _packed_view(batch, group_size)
     actor = merge_with_base(actor_gd, actor_params, base)
     h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, branch_ids=packed.branch_ids,
                            lora_key=lora_key)
-    return _packed_logp_entropy(actor, h, batch, packed, entropy_grad)
+    return tuple(map(back, _packed_logp_entropy(actor, h, view, packed, entropy_grad)))
 
 
 def response_logp_entropy_values(actor_gd, actor_params, critic_gd, critic_params, batch: TokenFields, *,
@@ -153,13 +181,13 @@ def response_logp_entropy_values(actor_gd, actor_params, critic_gd, critic_param
                                                 share_trunk=True, lora_key=lora_key, base=base,
                                                 group_size=group_size)
         return logp_entropy(logits, batch.response_ids, batch.response_mask, entropy_grad=entropy_grad), values
-    if int(group_size) != 1:
-        raise ValueError("response_logp_entropy_values: packed batches are not combined with group_size > 1")
+    view, back = _packed_view(batch, group_size)
     actor = merge_with_base(actor_gd, actor_params, base)
     h = actor.model.packed(packed.ids, packed.segment_ids, packed.positions, branch_ids=packed.branch_ids,
                            lora_key=lora_key)
-    values = nnx.merge(critic_gd, critic_params)(gather(h, packed.response_index, batch.response_mask))
-    return _packed_logp_entropy(actor, h, batch, packed, entropy_grad), values.astype(jnp.float32)
+    values = nnx.merge(critic_gd, critic_params)(gather(h, packed.response_index, view.response_mask))
+    logp, ent = _packed_logp_entropy(actor, h, view, packed, entropy_grad)
+    return (back(logp), back(ent)), back(values.astype(jnp.float32))
 
 
 def logp_entropy(logits: jax.Array, response_ids: jax.Array, response_mask: jax.Array, *,

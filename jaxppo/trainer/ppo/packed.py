@@ -1,5 +1,6 @@
 """Packed layouts for the jitted passes over device-held rows (the PPO/GRPO update and the prepare pass): their rows'
-token fields come to the host, the host plans one packed layout per piece (``jaxppo.models.packing.pack``), and the
+token fields come to the host, the host plans one packed layout per piece (``jaxppo.models.packing.pack``; whole
+prompt groups: ``pack_shared``, each prompt once), and the
 jitted pass runs on ``(state, plan)`` (:class:`HostPlanned`).
 
 Both passes split their ``B`` rows into ``n`` strided pieces (``jaxppo.trainer.micro``: the update's micro-batches,
@@ -29,19 +30,23 @@ class HostPlanned:
     budgets), places it with ``shardings`` and calls the jitted pass. ``cache_key(state)`` (optional): the plan
     is reused while the key is unchanged (the prepare pass: the buffer's tokens change only when a window is
     loaded). ``programs`` holds the plan shapes seen (one compiled program each, logged when new).
-    ``lower(state)`` lowers the pass with the largest plan (the memory plan's)."""
+    ``lower(state)`` lowers the pass with the largest plan (the memory plan's). ``group_size = n > 1``: the rows
+    come in whole groups of ``n`` (group order) and each group is packed with its prompt once
+    (``plan_pieces(..., group_size=n)``)."""
 
     def __init__(self, jitted, tokens, piece_rows: int, *, name: str, rows: int | None = None, multiple_of: int = 1,
-                 shardings=None, buckets: int = 8, cache_key=None):
+                 shardings=None, buckets: int = 8, cache_key=None, group_size: int = 1):
         self.jitted, self.tokens, self.piece_rows, self.rows, self.name = jitted, tokens, piece_rows, rows, name
         self.multiple_of, self.shardings, self.buckets, self.cache_key = multiple_of, shardings, buckets, cache_key
+        self.group_size = int(group_size)
         self.programs: set[tuple[int, ...]] = set()
         self._cached: tuple[Any, Any] | None = None
 
     def plan(self, state) -> Packed:
         fields = {k: np.asarray(v.addressable_data(0)) for k, v in self.tokens(state).items()}
         n_pieces = fields["prompt_ids"].shape[0] // self.piece_rows
-        return plan_pieces(fields, n_pieces, multiple_of=self.multiple_of, buckets=self.buckets)
+        return plan_pieces(fields, n_pieces, multiple_of=self.multiple_of, buckets=self.buckets,
+                           group_size=self.group_size)
 
     def _place(self, plan: Packed):
         if self.shardings is None:
@@ -69,11 +74,13 @@ class HostPlanned:
         data = state.replay.storage.data
         b = data.prompt_ids.shape[0] if self.rows is None else self.rows
         p, r = data.prompt_ids.shape[1], data.response_ids.shape[1]
-        n_rows = row_budgets(self.piece_rows, self.buckets, self.multiple_of)[-1] * (b // self.piece_rows)
+        n = self.group_size
+        width = p + n * r                               # a group: its prompt once, then its n continuations
+        n_rows = row_budgets(self.piece_rows // n, self.buckets, self.multiple_of)[-1] * (b // self.piece_rows)
         n_head = row_budgets(self.piece_rows * r, self.buckets, self.multiple_of)[-1] * (b // self.piece_rows)
-        shapes = Packed(ids=(n_rows, p + r), segment_ids=(n_rows, p + r), positions=(n_rows, p + r),
+        shapes = Packed(ids=(n_rows, width), segment_ids=(n_rows, width), positions=(n_rows, width),
                         response_index=(b, r), token_index=(b, p + r), last_index=(b,), head_index=(n_head,),
-                        head_target=(n_head,))
+                        head_target=(n_head,), branch_ids=(n_rows, width) if n > 1 else None)
         sh = self.shardings or Packed(*([None] * len(Packed._fields)))
         plan = Packed(*(None if s is None else jax.ShapeDtypeStruct(s, jnp.int32, sharding=x)
                         for s, x in zip(shapes, sh)))

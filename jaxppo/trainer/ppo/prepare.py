@@ -95,10 +95,10 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
     whole groups (``micro.chunked_map(group_size=n)``), each group's prompt goes through the trunk once
     (``forward.response_hidden``), and the outputs come back in buffer order.
 
-    ``packed`` (``replay.group_size = 1``): the forward passes run on packed rows, one plan per chunk
-    (:func:`jaxppo.trainer.ppo.packed.plan_pieces` of the buffer's token fields, made on the host when a window is
-    loaded and reused until the next: :class:`jaxppo.trainer.ppo.packed.HostPlanned`); the outputs are the padded
-    layout's.
+    ``packed``: the forward passes run on packed rows, one plan per chunk (:func:`jaxppo.trainer.packed.plan_pieces`
+    of the buffer's token fields, made on the host when a window is loaded and reused until the next:
+    :class:`jaxppo.trainer.ppo.packed.HostPlanned`; with ``n > 1`` each group packed with its prompt once); the
+    outputs are the padded layout's.
     """
     ah = hp.advantage
     estimator = ops.ADVANTAGE_ESTIMATORS.get(ah.estimator)
@@ -124,8 +124,11 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
                                                                  packed=pl)
             return logp, values
 
-        # whole groups per chunk
-        prox_logp, values = chunked_map(one, (Tokens.of(d), plan), chunk, mesh=mesh, group_size=n)
+        # whole groups per chunk; the plan is laid out for the strided split already
+        if plan is None:
+            prox_logp, values = chunked_map(lambda t: one((t, None)), Tokens.of(d), chunk, mesh=mesh, group_size=n)
+        else:
+            prox_logp, values = chunked_map(one, Tokens.of(d), chunk, mesh=mesh, group_size=n, aligned=plan)
         prox_logp = jax.lax.stop_gradient(prox_logp)
         m = d.response_mask.astype(jnp.float32)
         rewards = token_rewards(d.score, d.response_mask, prox_logp, d.ref_logp, kl_coef=state.kl_coef,
@@ -155,13 +158,10 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
             return prepare_with(state, None, base)
 
         return jit_step(prepare, state_shardings, mesh, base, out_scalars=False)
-    if n > 1:
-        raise ValueError("make_prepare_fn: packed chunks are not combined with replay.group_size > 1")
-
     def prepare_packed(state, plan, base=None):
         return prepare_with(state, plan, base)
 
-    shardings = packed_shardings(mesh) if state_shardings is not None else None
+    shardings = packed_shardings(mesh, branches=n > 1) if state_shardings is not None else None
     jitted = jit_step(prepare_packed, state_shardings, mesh, base, out_scalars=False,
                       **({} if shardings is None else {"batch_shardings": shardings}))
 
@@ -171,7 +171,7 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
     rep = {} if mesh is None else {"out_shardings": NamedSharding(mesh, PartitionSpec())}
     return HostPlanned(jitted, jax.jit(tokens, **rep), chunk, name="packed prepare",
                        multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=shardings,
-                       cache_key=lambda state: int(jax.device_get(state.data_cursor)))
+                       cache_key=lambda state: int(jax.device_get(state.data_cursor)), group_size=n)
 
 
 def pf_filter(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, int]]:

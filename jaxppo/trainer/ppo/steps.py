@@ -476,39 +476,39 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
 
         return jit_step(step, state_shardings, mesh, base, out_scalars=True)
 
-    if rh.group_size > 1:
-        raise ValueError("make_train_step: packed minibatches are not combined with replay.group_size > 1")
-
     def packed_step(state: TrainState, plan, frozen=None):
         return step_with(state, plan, frozen)
 
-    plan_shardings = packed_shardings(mesh) if state_shardings is not None else None
+    plan_shardings = packed_shardings(mesh, branches=rh.group_size > 1) if state_shardings is not None else None
     jitted = jit_step(packed_step, state_shardings, mesh, base, out_scalars=True,
                       **({} if plan_shardings is None else {"batch_shardings": plan_shardings}))
     return HostPlanned(jitted, make_draw_tokens(hp, mesh), B // n_micro, rows=B, name="packed update",
-                       multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=plan_shardings)
+                       multiple_of=1 if mesh is None else batch_divisor(mesh), shardings=plan_shardings,
+                       group_size=rh.group_size)
 
 
-def draw_minibatch(hp: StepHP, state: TrainState):
+def draw_minibatch(hp: StepHP, state: TrainState, *, micro_order: bool = True):
     """``(key, k_pf, beta, sample)``: the step's key ``fold_in(state.rng, state.step)``, its PF-PPO key, the PER
     ``beta`` and the drawn minibatch (``replay.sample`` of ``hp.mini_batch`` rows; with ``replay.group_size > 1``
-    reordered so every strided micro-batch holds whole groups) — a function of the state alone."""
+    reordered so every strided micro-batch holds whole groups, unless ``micro_order`` is False: then in group order)
+    — a function of the state alone."""
     rh = hp.replay
     key = jax.random.fold_in(state.rng, state.step)
     k_sample, k_pf = jax.random.split(key)
     beta = replay_lib.linear_beta(state.step, rh.beta0, rh.beta_steps) if rh.prioritized else jnp.float32(0.0)
     smp = replay_lib.sample(state.replay, k_sample, hp.mini_batch, beta=beta, group_size=rh.group_size)
     perm = group_micro_order(hp.mini_batch, rh.group_size, hp.mini_batch // hp.micro_batch)
-    if perm is not None:   # whole groups inside every strided micro-batch (group_micro_order)
+    if perm is not None and micro_order:   # whole groups inside every strided micro-batch (group_micro_order)
         smp = jax.tree.map(lambda x: x[perm], smp)
     return key, k_pf, beta, smp
 
 
 def make_draw_tokens(hp: StepHP, mesh=None):
     """Jitted ``state -> {prompt_ids, prompt_mask, response_ids, response_mask}`` of the minibatch the step draws
-    from ``state`` (:func:`draw_minibatch`), replicated so every process reads it whole."""
+    from ``state`` (:func:`draw_minibatch`; whole groups in group order, as ``plan_pieces(..., group_size)`` reads
+    them), replicated so every process reads it whole."""
     def tokens(state):
-        data = draw_minibatch(hp, state)[3].items.data
+        data = draw_minibatch(hp, state, micro_order=False)[3].items.data
         return {k: getattr(data, k) for k in TOKEN_FIELDS}
 
     if mesh is None:
