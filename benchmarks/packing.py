@@ -1,7 +1,7 @@
 """Real tokens per second of packed (padding-free) vs padded batches on real preference data.
 
     python benchmarks/packing.py [--caps 256,128 512,256] [--rows 256] [--layers 30] [--batch 16] [--repeats 2]
-                                 [--passes behaviour,dpo,reward,ppo,grpo] [--steps 4] [--out results/packing.json]
+                                 [--passes behaviour,dpo,reward,ppo,grpo,grpo_groups] [--steps 4] [--out results/packing.json]
                                  [--merge]
 
 Data: the HH-RLHF pairs of ``../shared/data/hh-rlhf`` (the first ``--rows`` pairs), split at the last "Assistant:"
@@ -25,7 +25,9 @@ Passes (each arm in its own process, so its peak RSS is its own):
   AdamW) over ``--batch`` pairs a step, ``iterate_batches(packing=False / True)`` (what ``data.packing`` switches).
 - ``ppo`` / ``grpo``: ``--steps`` jitted update steps of the trainer (``trainer.ppo.build.assemble_run``, the
   training code path; ``data.packing`` False / True) on the pairs' chosen answers as scored rows (``ppo``: GAE with
-  a critic on the policy's trunk; ``grpo``: both answers of a pair as a group of 2, critic-free), minibatch
+  a critic on the policy's trunk; ``grpo``: both answers of a pair as a group of 2, critic-free; ``grpo_groups``:
+  the same with minibatches of whole groups, ``replay.group_size=2``, whose padded layout runs each prompt once
+  through ``Transformer.shared_prefix`` and whose packed rows hold each prompt once before its two answers), minibatch
   ``--batch`` in micro-batches of half of it; real tokens = steps x minibatch x the rows' mean real tokens (the
   minibatches are drawn by the replay buffer). The prepare pass runs once, untimed; every repeat starts from the
   prepared state, so it draws the warm-up's minibatches and runs programs that are already compiled (a packed
@@ -60,7 +62,9 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
                     num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0,
                     rms_norm_eps=1e-5, max_position_embeddings=8192)
 ARMS = {"behaviour": ("padded", "packed"), "dpo": ("padded_shared_prefix", "padded", "packed"),
-        "reward": ("padded", "packed"), "ppo": ("padded", "packed"), "grpo": ("padded", "packed")}
+        "reward": ("padded", "packed"), "ppo": ("padded", "packed"), "grpo": ("padded", "packed"),
+        "grpo_groups": ("padded", "packed")}
+UPDATE_PASSES = ("ppo", "grpo", "grpo_groups")
 
 
 def load_pairs(prompt_len: int, response_len: int, rows: int) -> dict:
@@ -95,7 +99,7 @@ def update_run(pass_name: str, packed: bool, arrays: dict, args):
 
     rng = np.random.default_rng(0)
     n = arrays["prompt_ids"].shape[0]
-    if pass_name == "grpo":     # a pair's two answers: one prompt group of 2
+    if pass_name in ("grpo", "grpo_groups"):     # a pair's two answers: one prompt group of 2
         rows = {"prompt_ids": np.repeat(arrays["prompt_ids"], 2, 0), "prompt_mask": np.repeat(arrays["prompt_mask"], 2, 0),
                 "response_ids": np.stack([arrays["chosen_ids"], arrays["rejected_ids"]], 1).reshape(2 * n, -1),
                 "response_mask": np.stack([arrays["chosen_mask"], arrays["rejected_mask"]], 1).reshape(2 * n, -1),
@@ -109,7 +113,9 @@ def update_run(pass_name: str, packed: bool, arrays: dict, args):
                                   + 0.1 * rng.standard_normal(rows["response_ids"].shape)).astype(np.float32)
     rows["score"] = rng.standard_normal(m).astype(np.float32)
     rows["index"] = np.arange(m, dtype=np.int32)
-    est = ["algorithm.adv_estimator=grpo"] if pass_name == "grpo" else ["critic.share_trunk=true"]
+    est = ["algorithm.adv_estimator=grpo"] if pass_name != "ppo" else ["critic.share_trunk=true"]
+    if pass_name == "grpo_groups":   # minibatches of whole groups: padded = each prompt once (shared prefix)
+        est.append("replay.group_size=2")
     cfg = load_config(None, ["model.path=random", f"data.max_prompt_length={args.prompt_len}",
                              f"data.max_response_length={args.response_len}", f"data.packing={str(packed).lower()}",
                              f"data.behaviour_batch_size={args.batch}", f"actor.ppo_mini_batch_size={args.batch}",
@@ -240,7 +246,7 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
             for i, b in enumerate(todo):
                 holder["p"], holder["o"], m = step(holder["p"], holder["o"], b, np.int32(i))
             jax.block_until_ready(m["loss"])
-    elif pass_name in ("ppo", "grpo"):
+    elif pass_name in UPDATE_PASSES:
         run_, rows = update_run(pass_name, arm == "packed", arrays, args)
         per_row = float((rows["prompt_mask"].sum(1) + rows["response_mask"].sum(1)).mean())
         real = int(args.steps * args.batch * per_row)
@@ -265,8 +271,8 @@ def run_arm(pass_name: str, arm: str, args) -> dict:
                                         arrays["chosen_ids"][s:s + args.batch],
                                         arrays["chosen_mask"][s:s + args.batch]).ids.size)
                               for s in range(0, pi.shape[0], args.batch))
-    times = _timed(fn, args.repeats, reset if pass_name in ("ppo", "grpo") else None)
-    if pass_name in ("ppo", "grpo") and arm == "packed":
+    times = _timed(fn, args.repeats, reset if pass_name in UPDATE_PASSES else None)
+    if pass_name in UPDATE_PASSES and arm == "packed":
         out["programs"] = len(run_.step.programs)   # packed plan shapes compiled by the update step
     med = statistics.median(times)
     out.update(seconds=times, median_s=med, real_tokens=real, padded_slots=slots,
@@ -288,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--passes", default="behaviour,dpo,reward,ppo,grpo")
-    ap.add_argument("--steps", type=int, default=4, help="update steps timed per repeat (ppo, grpo)")
+    ap.add_argument("--passes", default="behaviour,dpo,reward,ppo,grpo,grpo_groups")
+    ap.add_argument("--steps", type=int, default=4, help="update steps timed per repeat (ppo, grpo, grpo_groups)")
     ap.add_argument("--out", default="results/packing.json")
     ap.add_argument("--merge", action="store_true",
                     help="keep the records of --out whose (caps, pass) this run does not measure (each keeps its own "

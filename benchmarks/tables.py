@@ -249,7 +249,7 @@ def packing_table(rec: dict | None = None) -> str:
     by = {(tuple(r["caps"]), r["pass"], r["arm"]): r for r in rec["records"]}
     seen = list(dict.fromkeys((tuple(r["caps"]), r["pass"]) for r in rec["records"]))
     caps_order = list(dict.fromkeys(c for c, _ in seen))
-    pass_order = ["behaviour", "dpo", "reward", "ppo", "grpo"]
+    pass_order = ["behaviour", "dpo", "reward", "ppo", "grpo", "grpo_groups"]
     # grouped by caps (in the order first measured), passes in the benchmark's order (a --merge appends rows)
     order = sorted(seen, key=lambda k: (caps_order.index(k[0]),
                                         pass_order.index(k[1]) if k[1] in pass_order else len(pass_order)))
