@@ -35,6 +35,24 @@ def _close(a, b, **tol):
                                    rtol=tol.get("rel", 1e-5), atol=tol.get("abs", 1e-5))
 
 
+def _windows_agree(padded, packed, steps: int = 4):
+    """``steps`` steps of both runs, a new buffer window loaded and prepared every 2: after each refresh the prepared
+    arrays and priorities agree, and so do every step's metrics and the final parameters."""
+    from jaxppo.trainer.ppo.windows import load_window
+
+    s0, s1 = padded.state, packed.state
+    for step in range(steps):
+        if step % 2 == 0:
+            s0, s1 = (r.prepare(load_window(r, s, step // 2)) for r, s in ((padded, s0), (packed, s1)))
+            _close(s0.replay.storage.prepared, s1.replay.storage.prepared)
+            _close(s0.replay.priorities, s1.replay.priorities)
+        s0, m0 = padded.step(s0)
+        s1, m1 = packed.step(s1)
+        for k, v in jax.device_get(m0).items():
+            assert float(m1[k]) == pytest.approx(float(v), **TOL), (step, k)
+    _close(s0.actor, s1.actor)
+
+
 def _fields(b, p, r, rng):
     lp = rng.integers(1, p + 1, b)
     lr = rng.integers(0, r + 1, b)
@@ -82,22 +100,11 @@ def test_packed_update_equals_padded_for_ten_steps(make_cfg):
 def test_packed_prepare_follows_the_buffer_windows(make_cfg):
     """A dataset larger than the buffer: every window's prepared arrays (read after each refresh) and the metrics
     agree with the padded run's; the prepare plan is remade when a window is loaded."""
-    from jaxppo.trainer.ppo.windows import load_window
-
     extra = ("replay.capacity=48", "replay.refresh_every=2", "trainer.total_steps=4")
     padded = build_run(make_cfg(*extra), devices=jax.devices()[:1])
     packed = build_run(make_cfg(*extra, "data.packing=true"), devices=jax.devices()[:1])
     assert len(packed.windows) > 2
-    s0, s1 = padded.state, packed.state
-    for step in range(4):
-        if step % 2 == 0:
-            s0, s1 = (r.prepare(load_window(r, s, step // 2)) for r, s in ((padded, s0), (packed, s1)))
-            _close(s0.replay.storage.prepared, s1.replay.storage.prepared)
-            _close(s0.replay.priorities, s1.replay.priorities)
-        s0, m0 = padded.step(s0)
-        s1, m1 = packed.step(s1)
-        for k, v in jax.device_get(m0).items():
-            assert float(m1[k]) == pytest.approx(float(v), **TOL), (step, k)
+    _windows_agree(padded, packed)
 
 
 @pytest.mark.slow
@@ -171,24 +178,12 @@ def test_packed_whole_groups_equal_the_padded_groups(make_cfg, over):
     """GRPO minibatches of whole prompt groups (``replay.group_size=4``, 2 micro-batches), each group packed with its
     prompt once: across buffer windows, the prepared arrays and priorities after every refresh and every metric of
     4 steps equal the padded grouped run's (which runs each prompt once through ``Transformer.shared_prefix``)."""
-    from jaxppo.trainer.ppo.windows import load_window
-
     extra = (*GROUPS, *over, "replay.capacity=48", "replay.refresh_every=2", "trainer.total_steps=4")
     padded = build_run(make_cfg(*extra), devices=jax.devices()[:1])
     packed = build_run(make_cfg(*extra, "data.packing=true"), devices=jax.devices()[:1])
     assert isinstance(packed.step, PackedStep) and isinstance(packed.prepare, PackedStep)
     assert len(packed.windows) > 1
-    s0, s1 = padded.state, packed.state
-    for step in range(4):
-        if step % 2 == 0:
-            s0, s1 = (r.prepare(load_window(r, s, step // 2)) for r, s in ((padded, s0), (packed, s1)))
-            _close(s0.replay.storage.prepared, s1.replay.storage.prepared)
-            _close(s0.replay.priorities, s1.replay.priorities)
-        s0, m0 = padded.step(s0)
-        s1, m1 = packed.step(s1)
-        for k, v in jax.device_get(m0).items():
-            assert float(m1[k]) == pytest.approx(float(v), **TOL), (over, step, k)
-    _close(s0.actor, s1.actor)
+    _windows_agree(padded, packed)
 
 
 @pytest.mark.slow
