@@ -1,6 +1,12 @@
-"""Real processes: ``launch/multihost.py`` trains the smoke config under 2 processes x 4 devices
-(``jax.distributed`` over 127.0.0.1, gloo CPU collectives) to the end, and its per-step losses equal
-those of 1 process x 8 devices on the same (data=2, fsdp=4) mesh."""
+"""Real processes: ``launch/multihost.py`` trains the smoke config with packed minibatches (``data.packing``: every
+process plans the same layout from the replicated draw) under 2 processes x 4 devices (``jax.distributed`` over
+127.0.0.1, gloo CPU collectives) to the end, and its per-step losses equal those of 1 process x 8 devices on the
+same (data=2, fsdp=4) mesh. Stopped and resumed, the 2-process run ends as the uninterrupted one:
+
+- SIGTERM to one process at a random step: the flag is agreed at the step boundary, so both processes stop after the
+  same step, write that checkpoint together and exit 75 with the same line; resumed (``trainer.resume=auto``), every
+  logged metric and the final summary equal the uninterrupted run's.
+- both processes SIGKILLed once a checkpoint exists: restarted, the same metrics."""
 
 from __future__ import annotations
 
@@ -39,7 +45,8 @@ def smoke_data(tmp_path_factory, stories_model) -> Path:
 def _overrides(stories_model, data, out) -> list[str]:
     return ["--config", str(REPO / "configs/smoke.yaml"), f"model.path={stories_model}", f"data.path={data}",
             "data.collect_if_missing=false", f"trainer.output_dir={out}", f"trainer.total_steps={STEPS}",
-            f"trainer.save_every={SAVE}", "trainer.eval_every=null", "trainer.eval_prompts=8", "trainer.progress=false"]
+            f"trainer.save_every={SAVE}", "trainer.eval_every=null", "trainer.eval_prompts=8", "trainer.progress=false",
+            "data.packing=true"]
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +127,48 @@ def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data)
         for k in KEYS:
             assert m_res[step][k] == m_ref[step][k], (step, k)
     assert json.loads((out / "summary.json").read_text())["resumed_from"] == SAVE
+
+
+def _final(out: Path) -> dict:
+    """A run's final metrics: the numbers of its ``summary.json`` but its timings and its resume point."""
+    return {k: v for k, v in json.loads((out / "summary.json").read_text()).items()
+            if isinstance(v, (int, float)) and not k.startswith(("time/", "perf/")) and k != "resumed_from"}
+
+
+def test_sigterm_at_a_random_step_then_resume_equals_the_uninterrupted_run(tmp_path, two_runs, stories_model,
+                                                                          smoke_data):
+    import random
+    import signal
+    import time
+
+    from tests.resume_helpers import deterministic_rows, rows
+
+    _, two, _ = two_runs
+    k = random.SystemRandom().randint(1, STEPS - 2)      # the last logged step before the signal
+    out = tmp_path / "victim"
+    env = {"JAXPPO_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out), *procs.MESH)
+    ps = procs.start(cmd, n=2, devices=4, logdir=tmp_path / "logs1", env=env)
+    t0 = time.monotonic()
+    while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < k:
+        assert time.monotonic() - t0 < 600 and all(p.poll() is None for p, _, _ in ps), \
+            "\n".join(r.describe() for r in procs.wait(ps, 1))
+        time.sleep(0.02)
+    ps[random.SystemRandom().randrange(2)][0].send_signal(signal.SIGTERM)   # one process: both stop
+    res = procs.wait(ps, timeout=300)
+    assert [r.returncode for r in res] == [75, 75], "\n".join(r.describe() for r in res)
+    n = [r["step"] for r in rows(out / "metrics.jsonl")][-1]
+    assert n >= k and (out / "checkpoints" / str(n)).is_dir() and not list(out.rglob("*.orbax-checkpoint-tmp"))
+    assert [r.stderr.strip().splitlines()[-1] for r in res] == 2 * [
+        f"python -m jaxppo.train: preempted at step {n}; saved checkpoint {n}; resume with trainer.resume=auto"]
+    assert [r["step"] for r in rows(out / "metrics.jsonl")] == list(range(1, n + 1))
+
+    resumed = procs.run([*cmd, "trainer.resume=auto"], n=2, devices=4, timeout=600, logdir=tmp_path / "logs2",
+                        env=env)
+    assert all(r.returncode == 0 for r in resumed), "\n".join(r.describe() for r in resumed)
+    a, b = deterministic_rows(two), deterministic_rows(out)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
+    for ra, rb in zip(a, b):
+        assert ra == rb, f"step {ra['step']} differs after the resume from {n} (SIGTERM after step {k})"
+    final = _final(two)
+    assert len(final) > 5 and _final(out) == final, sorted(final)
