@@ -1,5 +1,6 @@
 """Test setup: 8 simulated CPU devices (sharded code is checked against the single-device result)."""
 
+import functools
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -29,12 +30,41 @@ SHARED = Path(os.environ.get("JAXPPO_SHARED", REPO.parent / "shared"))
 CACHE_LOCK_SIZE = 64 << 30
 
 
+@functools.cache
+def starts_processes(path: str) -> bool:
+    """Whether the test file ``path`` (relative to the repository) marks tests ``processes``: they start several JAX
+    processes at once (pyproject.toml)."""
+    p = REPO / path
+    return p.suffix == ".py" and p.is_file() and "pytest.mark.processes" in p.read_text()
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files holding a ``slow`` test run first, the rest after them, each group in collection order: with
-    ``--dist loadfile`` (and ``--no-loadscope-reorder``, pyproject.toml) the workers take files in this order, so the
-    last files to run are short ones and the workers finish together."""
-    heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)   # stable: collection order otherwise
+    """Files that start several processes run first, then the other files holding a ``slow`` test, then the rest,
+    each group in collection order (``--no-loadscope-reorder``, pyproject.toml): the heavy work starts first and the
+    workers finish together on short files."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> int:
+        f = item.nodeid.split("::")[0]
+        return 0 if starts_processes(f) else 1 if f in slow else 2
+
+    items.sort(key=rank)   # stable: collection order otherwise
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile``, the files that start several processes are one work unit: one worker runs them one
+    after the other while the other workers run in-process files, instead of two workers each running 2-4 JAX
+    processes on the same cores at once. Every other file is a unit of its own, as in ``loadfile``."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ProcessesOnOneWorker(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "processes" if starts_processes(scope) else scope
+
+    return ProcessesOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,7 @@ def _wait_for(path, ps, limit: float = 600) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_a_dead_peer_is_one_line_naming_it_and_the_last_checkpoint(tmp_path, stories_model, scored_data):
     out = tmp_path / "run"
     ps = _start(stories_model, scored_data, out, tmp_path / "logs")

@@ -17,7 +17,7 @@ import pytest
 
 from tests.multihost import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 REPO = procs.REPO
 

@@ -14,7 +14,7 @@ import pytest
 from tests.multihost import procs
 from tests.trainer.dpo.conftest import TINY
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 REPO = procs.REPO
 STEPS = 6

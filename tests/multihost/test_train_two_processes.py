@@ -18,7 +18,7 @@ import pytest
 
 from tests.multihost import procs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 REPO = procs.REPO
 KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/ppo_kl")

@@ -6,6 +6,7 @@ from tests.notebooks.ci_run import execute_ci_profile
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_notebook_executes_ci_profile(tmp_path):
     verdicts = execute_ci_profile("pf_ppo_filters", tmp_path)   # checks the conclusion's numbers and outputs
     assert len(verdicts) >= 2 and all(m.group(0) for m in verdicts)

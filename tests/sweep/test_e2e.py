@@ -25,7 +25,7 @@ import yaml
 from jaxppo.sweeps.results import read_csv
 from tests.faults.conftest import REPO, TINY, cli_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 
 def _sweep_file(tmp: Path, stories_model: Path, data: Path) -> Path:
