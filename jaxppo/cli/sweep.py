@@ -36,13 +36,14 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from jaxppo.sweeps.spec import SweepError, load_sweep, plan_runs
+PROG = "python -m jaxppo.sweep"
 
-    prog = "python -m jaxppo.sweep"
-    ap = argparse.ArgumentParser(prog=prog, description="Multi-seed sweeps of jaxppo runs with data-efficiency "
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description="Multi-seed sweeps of jaxppo runs with data-efficiency "
                                  "curves (resumable).")
     ap.add_argument("--config", default=None, help="sweep file (YAML), e.g. configs/sweeps/per_alpha.yaml")
     ap.add_argument("sweep", nargs="?", default=None, help=argparse.SUPPRESS)  # deprecated positional form
@@ -62,66 +63,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--slurm-gpus", type=int, default=None, help="with --slurm: #SBATCH --gpus-per-task")
     ap.add_argument("--slurm-partition", default=None, help="with --slurm: #SBATCH --partition")
     ap.add_argument("--slurm-max-parallel", type=int, default=None, help="with --slurm: at most N tasks at once")
-    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    return ap
+
+
+def _sweep_file(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The sweep file from ``--config`` or the deprecated positional form (which warns)."""
     if args.config is not None and args.sweep is not None:
         ap.error("give the sweep file once, as --config FILE")
     if args.config is None and args.sweep is None:
         ap.error("the following arguments are required: --config")
     if args.config is None:
-        print(f"{prog}: warning: the positional sweep file is deprecated; use --config {args.sweep}", file=sys.stderr)
-    sweep_file = args.config or args.sweep
+        print(f"{PROG}: warning: the positional sweep file is deprecated; use --config {args.sweep}", file=sys.stderr)
+    return args.config or args.sweep
+
+
+def _load(sweep_file: str, args: argparse.Namespace):
+    """``(spec, runs)`` of the sweep file, its warnings printed; raises ``SweepError``."""
+    from jaxppo.sweeps.spec import load_sweep, plan_runs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = load_sweep(sweep_file, profile=args.profile, output_dir=args.output_dir)
+    for w in caught:
+        print(f"{PROG}: warning: {w.message}", file=sys.stderr)
+    return spec, plan_runs(spec)
+
+
+def _write_slurm(args: argparse.Namespace, spec, runs) -> int:
+    """Write the SLURM array script of the pending runs; the exit status."""
+    from jaxppo.sweeps.slurm import pending_runs, resources, slurm_script
+
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            spec = load_sweep(sweep_file, profile=args.profile, output_dir=args.output_dir)
-        for w in caught:
-            print(f"{prog}: warning: {w.message}", file=sys.stderr)
-        runs = plan_runs(spec)
-    except SweepError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        res = resources(spec, time=args.slurm_time, cpus=args.slurm_cpus, mem=args.slurm_mem, gpus=args.slurm_gpus,
+                        partition=args.slurm_partition, max_parallel=args.slurm_max_parallel)
+        text = slurm_script(spec, runs, res)
+        Path(args.slurm).write_text(text, encoding="utf-8")
+    except (ValueError, OSError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    n = len(pending_runs(spec, runs))
+    print(f"wrote {args.slurm}: a SLURM array of {n} tasks (the pending runs of {len(runs)}); submit it with "
+          f"sbatch {args.slurm}")
+    return 0
 
-    from jaxppo.sweeps.runner import command_line, is_done, read_failures, run_sweep
-    from jaxppo.trainer.preemption import PREEMPTED_EXIT
 
-    if args.slurm:
-        from jaxppo.sweeps.slurm import pending_runs, resources, slurm_script
-
-        try:
-            res = resources(spec, time=args.slurm_time, cpus=args.slurm_cpus, mem=args.slurm_mem,
-                            gpus=args.slurm_gpus, partition=args.slurm_partition,
-                            max_parallel=args.slurm_max_parallel)
-            text = slurm_script(spec, runs, res)
-            from pathlib import Path
-
-            Path(args.slurm).write_text(text, encoding="utf-8")
-        except (ValueError, OSError) as e:
-            print(f"{prog}: error: {e}", file=sys.stderr)
-            return 2
-        n = len(pending_runs(spec, runs))
-        print(f"wrote {args.slurm}: a SLURM array of {n} tasks (the pending runs of {len(runs)}); submit it with "
-              f"sbatch {args.slurm}")
-        return 0
-    if args.print_commands:
-        for r in runs:
-            if not (args.pending and is_done(r)):
-                print(command_line(spec, r))
-        return 0
-    stopped = None
-    if not args.results_only:
-        from jaxppo.sweeps.runner import SweepStopped
-
-        try:
-            run_sweep(spec, runs, jobs=args.jobs)
-        except SweepError as e:
-            print(f"{prog}: error: {e}", file=sys.stderr)
-            return 2
-        except SweepStopped as e:
-            stopped = e
-    from pathlib import Path
-
+def _report(spec, runs, stopped) -> int:
+    """Write the tables and plots, print the summary and the runs that did not finish; the exit status (0 all
+    finished, 1 some failed, 75 none failed but some were preempted or the sweep was stopped)."""
     from jaxppo.sweeps.plots import plot_sweep
     from jaxppo.sweeps.results import write_results
+    from jaxppo.sweeps.runner import read_failures
+    from jaxppo.trainer.preemption import PREEMPTED_EXIT
 
     failures = {k: v for k, v in read_failures(spec.output_dir).items() if k in {r.key for r in runs}}
     curves, summary = write_results(spec, runs, failures)
@@ -133,9 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for c in bad:
         print(f"{c.status.upper()}: {c.variant}/seed{c.seed}: {c.error}", file=sys.stderr)
     if stopped is not None:
-        print(f"{prog}: {stopped}", file=sys.stderr)
-    failed = [c for c in bad if c.status == "failed"]
-    if failed:
+        print(f"{PROG}: {stopped}", file=sys.stderr)
+    if any(c.status == "failed" for c in bad):
         print(f"{len(bad)} of {len(curves)} runs did not finish; rerun the same command to retry them "
               f"(details in {out / 'failures.json'})", file=sys.stderr)
         return 1
@@ -145,6 +136,40 @@ def main(argv: Sequence[str] | None = None) -> int:
               "rerun the same command to continue them", file=sys.stderr)
         return PREEMPTED_EXIT if stopped is not None or preempted else 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from jaxppo.sweeps.spec import SweepError
+
+    ap = _parser()
+    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    sweep_file = _sweep_file(ap, args)
+    try:
+        spec, runs = _load(sweep_file, args)
+    except SweepError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if args.slurm:
+        return _write_slurm(args, spec, runs)
+    if args.print_commands:
+        from jaxppo.sweeps.runner import command_line, is_done
+
+        for r in runs:
+            if not (args.pending and is_done(r)):
+                print(command_line(spec, r))
+        return 0
+    stopped = None
+    if not args.results_only:
+        from jaxppo.sweeps.runner import SweepStopped, run_sweep
+
+        try:
+            run_sweep(spec, runs, jobs=args.jobs)
+        except SweepError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
+        except SweepStopped as e:
+            stopped = e
+    return _report(spec, runs, stopped)
 
 
 def _print_summary(rows) -> None:
