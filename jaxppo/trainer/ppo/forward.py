@@ -18,6 +18,8 @@ the batch as its continuation-major stack (:func:`stack_order`) and return the o
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -37,11 +39,11 @@ def _ids_mask(batch: TokenFields) -> tuple[jax.Array, jax.Array, int, int]:
     return ids, mask, p, r
 
 
-class _Responses:
+class _Responses(NamedTuple):
     """The response fields of a batch, reordered (:func:`stack_order`)."""
 
-    def __init__(self, response_ids, response_mask):
-        self.response_ids, self.response_mask = response_ids, response_mask
+    response_ids: jax.Array
+    response_mask: jax.Array
 
 
 def stack_order(x: jax.Array, group_size: int, inverse: bool = False) -> jax.Array:

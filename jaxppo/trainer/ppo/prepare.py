@@ -125,10 +125,8 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
             return logp, values
 
         # whole groups per chunk; the plan is laid out for the strided split already
-        if plan is None:
-            prox_logp, values = chunked_map(lambda t: one((t, None)), Tokens.of(d), chunk, mesh=mesh, group_size=n)
-        else:
-            prox_logp, values = chunked_map(one, Tokens.of(d), chunk, mesh=mesh, group_size=n, aligned=plan)
+        fn = one if plan is not None else (lambda t: one((t, None)))
+        prox_logp, values = chunked_map(fn, Tokens.of(d), chunk, mesh=mesh, group_size=n, aligned=plan)
         prox_logp = jax.lax.stop_gradient(prox_logp)
         m = d.response_mask.astype(jnp.float32)
         rewards = token_rewards(d.score, d.response_mask, prox_logp, d.ref_logp, kl_coef=state.kl_coef,
