@@ -1,10 +1,10 @@
 """Real processes: ``launch/multihost.py reward train``, ``reward score``, ``collect`` and ``evaluate`` under
-2 processes x 4 devices give the outputs of the plain 1-process commands (8 devices), and only process 0 wrote
+2 processes x 2 devices give the outputs of the plain 1-process commands (4 devices), and only process 0 wrote
 files. One chain per side, tiny sizes: 64 HH-RLHF pairs, 8 prompts x 2 samples of 8 tokens, stories260K.
 
 The chain: a reward model trained on the pairs -> it scores the pairs -> ``collect`` samples the prompts and scores
 them with that reward model -> ``evaluate`` runs the policy against the reference on the held-out half of the
-collected rows on a (data=2, fsdp=4) mesh (VADER reward)."""
+collected rows on a (data=2, fsdp=2) mesh (VADER reward)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _commands(stories: Path, hh: Path, d: Path) -> list[list[str]]:
          "reward.kind=model", f"reward.model_path={rm}", "rollout.output_format=jsonl",
          f"trainer.output_dir={d / 'collect'}"],
         ["evaluate", *gen, f"data.path={d / 'collect' / 'data.jsonl'}", "data.schema=scored", "data.eval_fraction=0.5",
-         "data.behaviour_batch_size=8", "reward.kind=vader", "mesh.data=2", "mesh.fsdp=4",
+         "data.behaviour_batch_size=8", "reward.kind=vader", "mesh.data=2", "mesh.fsdp=2",
          f"trainer.output_dir={d / 'evaluate'}"],
     ]
 
@@ -50,7 +50,7 @@ MODULES = {"reward": "jaxppo.reward", "collect": "jaxppo.collect", "evaluate": "
 
 @pytest.fixture(scope="module")
 def chains(tmp_path_factory, stories_model, hh_pairs):
-    """(one, two): the chain's folders run by 1 process x 8 devices and by 2 processes x 4 devices (side by side:
+    """(one, two): the chain's folders run by 1 process x 4 devices and by 2 processes x 2 devices (side by side:
     the 1-process chain is one shell script started first)."""
     import shlex
 
@@ -58,10 +58,10 @@ def chains(tmp_path_factory, stories_model, hh_pairs):
     one, two = base / "one", base / "two"
     script = " && ".join(shlex.join([sys.executable, "-m", MODULES[c[0]], *c[1:]])
                          for c in _commands(stories_model, hh_pairs, one))
-    p1 = procs.start(["bash", "-c", script], n=1, devices=8, logdir=base / "logs1", env={"JAXPPO_DISTRIBUTED": "0"})
+    p1 = procs.start(["bash", "-c", script], n=1, devices=4, logdir=base / "logs1", env={"JAXPPO_DISTRIBUTED": "0"})
     results = []
     for i, c in enumerate(_commands(stories_model, hh_pairs, two)):
-        res = procs.run(procs.python(str(REPO / "launch/multihost.py"), *c), n=2, devices=4, timeout=600,
+        res = procs.run(procs.python(str(REPO / "launch/multihost.py"), *c), n=2, devices=2, timeout=600,
                         logdir=base / f"logs2_{i}")
         assert all(r.returncode == 0 for r in res), f"{c[:2]}\n" + "\n".join(r.describe() for r in res)
         results.append(res)

@@ -1,6 +1,6 @@
-"""Real processes: ``launch/multihost.py dpo`` trains ~64 HH-RLHF pairs on stories260K under 2 processes x 4 devices
-(``jax.distributed`` over 127.0.0.1, gloo CPU collectives) and its per-step losses equal those of 1 process x 8
-devices on the same (data=2, fsdp=4) mesh, with packed batches (``data.packing``: every process plans the same
+"""Real processes: ``launch/multihost.py dpo`` trains ~64 HH-RLHF pairs on stories260K under 2 processes x 2 devices
+(``jax.distributed`` over 127.0.0.1, gloo CPU collectives) and its per-step losses equal those of 1 process x 4
+devices on the same (data=2, fsdp=2) mesh, with packed batches (``data.packing``: every process plans the same
 layout from the replicated batch; the padded layout runs in the SIGKILL test); only process 0 wrote files."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ REPO = procs.REPO
 STEPS = 6
 KEYS = ("loss", "rewards/margins", "logps/chosen", "grad_norm")
 RTOL = 1e-4
+DEVICES = 2                                  # per process; the 1-process side has 2 x DEVICES
+MESH = ("mesh.data=2", "mesh.fsdp=2")
 
 
 def _overrides(stories_model: Path, hh_pairs: Path, out: Path) -> list[str]:
@@ -29,10 +31,10 @@ def _overrides(stories_model: Path, hh_pairs: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def dpo_runs(tmp_path_factory, stories_model, hh_pairs):
-    """(one, two, results of the 2 processes): 1 process x 8 devices and 2 processes x 4 devices (run together)."""
+    """(one, two, results of the 2 processes): 1 process x 4 devices and 2 processes x 2 devices (run together)."""
     return procs.one_and_two(tmp_path_factory.mktemp("mh_dpo"), "jaxppo.dpo", ["dpo"],
                              lambda out: [*_overrides(stories_model, hh_pairs, out), "data.packing=true"],
-                             timeout_two=1200)
+                             timeout_two=1200, devices=DEVICES, mesh=MESH)
 
 
 def test_dpo_two_processes_match_one(dpo_runs):
@@ -80,8 +82,8 @@ def test_dpo_one_process_killed_the_other_stops(tmp_path, stories_model, hh_pair
 
     out = tmp_path / "killed"
     ps = procs.start(procs.python(str(REPO / "launch/multihost.py"), "dpo", *_overrides(stories_model, hh_pairs, out),
-                                  *procs.MESH, "trainer.total_steps=200", "trainer.eval_every=null"),
-                     n=2, devices=4, logdir=tmp_path / "logs")
+                                  *MESH, "trainer.total_steps=200", "trainer.eval_every=null"),
+                     n=2, devices=DEVICES, logdir=tmp_path / "logs")
     t0 = time.monotonic()
     while not (out / "checkpoints" / "3").is_dir():
         assert time.monotonic() - t0 < 900 and all(p.poll() is None for p, _, _ in ps), \
