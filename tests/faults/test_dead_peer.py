@@ -22,8 +22,8 @@ def _start(stories_model, data, out, logdir, *extra: str):
     return procs.start(procs.python(str(REPO / "launch/multihost.py"), "train", f"model.path={stories_model}",
                                     f"data.path={data}", f"trainer.output_dir={out}", *TINY, "data.eval_fraction=0",
                                     "trainer.save_every=2", "trainer.log_every=1", "trainer.total_steps=400",
-                                    "mesh.data=2", "mesh.fsdp=2", *extra),
-                       n=2, devices=2, logdir=logdir, env={"JAXPPO_HEARTBEAT_TIMEOUT_S": "8"})
+                                    *procs.MESH, *extra),
+                       n=2, devices=procs.DEVICES, logdir=logdir, env={"JAXPPO_HEARTBEAT_TIMEOUT_S": "8"})
 
 
 def _wait_for(path, ps, limit: float = 600) -> None:

@@ -87,22 +87,22 @@ def run(cmd: list[str], n: int = 2, devices: int = 4, timeout: float = 300, **kw
     return wait(start(cmd, n=n, devices=devices, **kw), timeout)
 
 
-MESH = ("mesh.data=2", "mesh.fsdp=4")   # the mesh both sides of a 1-vs-2-process comparison train on
+MESH = ("mesh.data=2", "mesh.fsdp=2")   # the mesh both sides of a 1-vs-2-process comparison train on
+DEVICES = 2                              # devices per process of the 2-process side; the 1-process side has twice
 
 
 def one_and_two(base: Path, module: str, command: list[str], overrides: Callable[[Path], list[str]],
-                env: dict | None = None, timeout_two: float = 1500, timeout_one: float = 600, devices: int = 4,
-                mesh: tuple[str, ...] = MESH):
+                env: dict | None = None, timeout_two: float = 1500, timeout_one: float = 600):
     """``(base/"one", base/"two", results of the 2 processes)``: ``python -m <module> <overrides(one)>`` in 1 process
-    x ``2·devices`` devices (``JAXPPO_DISTRIBUTED=0``, the baseline) and ``launch/multihost.py <command>
-    <overrides(two)>`` in 2 processes x ``devices`` devices, side by side, both with the ``mesh`` overrides (logs under
+    x ``2·DEVICES`` devices (``JAXPPO_DISTRIBUTED=0``, the baseline) and ``launch/multihost.py <command>
+    <overrides(two)>`` in 2 processes x :data:`DEVICES` devices, side by side, both with :data:`MESH` (logs under
     ``base/logs1``, ``base/logs2``). Fails naming every process's output unless all exit 0.
     ``JAXPPO_MULTIHOST_TIMEOUT`` overrides ``timeout_two``."""
     one, two = base / "one", base / "two"
     env = env or {}
-    p1 = start([sys.executable, "-m", module, *overrides(one), *mesh], n=1, devices=2 * devices, logdir=base / "logs1",
+    p1 = start([sys.executable, "-m", module, *overrides(one), *MESH], n=1, devices=2 * DEVICES, logdir=base / "logs1",
                env=dict(env, JAXPPO_DISTRIBUTED="0"))
-    p2 = start(python(str(REPO / "launch/multihost.py"), *command, *overrides(two), *mesh), n=2, devices=devices,
+    p2 = start(python(str(REPO / "launch/multihost.py"), *command, *overrides(two), *MESH), n=2, devices=DEVICES,
                logdir=base / "logs2", env=env)
     r2 = wait(p2, timeout=float(os.environ.get("JAXPPO_MULTIHOST_TIMEOUT", timeout_two)))
     r1 = wait(p1, timeout=timeout_one)

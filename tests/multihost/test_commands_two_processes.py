@@ -40,7 +40,7 @@ def _commands(stories: Path, hh: Path, d: Path) -> list[list[str]]:
          "reward.kind=model", f"reward.model_path={rm}", "rollout.output_format=jsonl",
          f"trainer.output_dir={d / 'collect'}"],
         ["evaluate", *gen, f"data.path={d / 'collect' / 'data.jsonl'}", "data.schema=scored", "data.eval_fraction=0.5",
-         "data.behaviour_batch_size=8", "reward.kind=vader", "mesh.data=2", "mesh.fsdp=2",
+         "data.behaviour_batch_size=8", "reward.kind=vader", *procs.MESH,
          f"trainer.output_dir={d / 'evaluate'}"],
     ]
 
@@ -58,10 +58,10 @@ def chains(tmp_path_factory, stories_model, hh_pairs):
     one, two = base / "one", base / "two"
     script = " && ".join(shlex.join([sys.executable, "-m", MODULES[c[0]], *c[1:]])
                          for c in _commands(stories_model, hh_pairs, one))
-    p1 = procs.start(["bash", "-c", script], n=1, devices=4, logdir=base / "logs1", env={"JAXPPO_DISTRIBUTED": "0"})
+    p1 = procs.start(["bash", "-c", script], n=1, devices=2 * procs.DEVICES, logdir=base / "logs1", env={"JAXPPO_DISTRIBUTED": "0"})
     results = []
     for i, c in enumerate(_commands(stories_model, hh_pairs, two)):
-        res = procs.run(procs.python(str(REPO / "launch/multihost.py"), *c), n=2, devices=2, timeout=600,
+        res = procs.run(procs.python(str(REPO / "launch/multihost.py"), *c), n=2, devices=procs.DEVICES, timeout=600,
                         logdir=base / f"logs2_{i}")
         assert all(r.returncode == 0 for r in res), f"{c[:2]}\n" + "\n".join(r.describe() for r in res)
         results.append(res)

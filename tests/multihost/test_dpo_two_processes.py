@@ -20,8 +20,6 @@ REPO = procs.REPO
 STEPS = 6
 KEYS = ("loss", "rewards/margins", "logps/chosen", "grad_norm")
 RTOL = 1e-4
-DEVICES = 2                                  # per process; the 1-process side has 2 x DEVICES
-MESH = ("mesh.data=2", "mesh.fsdp=2")
 
 
 def _overrides(stories_model: Path, hh_pairs: Path, out: Path) -> list[str]:
@@ -34,7 +32,7 @@ def dpo_runs(tmp_path_factory, stories_model, hh_pairs):
     """(one, two, results of the 2 processes): 1 process x 4 devices and 2 processes x 2 devices (run together)."""
     return procs.one_and_two(tmp_path_factory.mktemp("mh_dpo"), "jaxppo.dpo", ["dpo"],
                              lambda out: [*_overrides(stories_model, hh_pairs, out), "data.packing=true"],
-                             timeout_two=1200, devices=DEVICES, mesh=MESH)
+                             timeout_two=1200)
 
 
 def test_dpo_two_processes_match_one(dpo_runs):
@@ -82,8 +80,8 @@ def test_dpo_one_process_killed_the_other_stops(tmp_path, stories_model, hh_pair
 
     out = tmp_path / "killed"
     ps = procs.start(procs.python(str(REPO / "launch/multihost.py"), "dpo", *_overrides(stories_model, hh_pairs, out),
-                                  *MESH, "trainer.total_steps=200", "trainer.eval_every=null"),
-                     n=2, devices=DEVICES, logdir=tmp_path / "logs")
+                                  *procs.MESH, "trainer.total_steps=200", "trainer.eval_every=null"),
+                     n=2, devices=procs.DEVICES, logdir=tmp_path / "logs")
     t0 = time.monotonic()
     while not (out / "checkpoints" / "3").is_dir():
         assert time.monotonic() - t0 < 900 and all(p.poll() is None for p, _, _ in ps), \

@@ -25,8 +25,6 @@ KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/ppo_kl")
 STEPS = 4  # smoke refreshes its replay priorities every 10 steps: all 4 run before the first refresh
 SAVE = 2   # checkpoints at steps 2 and 4; the SIGKILL test stops both processes once checkpoint 2 exists
 RTOL = 1e-4
-DEVICES = 2                                  # per process; the 1-process side has 2 x DEVICES
-MESH = ("mesh.data=2", "mesh.fsdp=2")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +54,7 @@ def two_runs(tmp_path_factory, stories_model, smoke_data):
     """(one, two): the output folders of 1 process x 4 devices and 2 processes x 2 devices (run together)."""
     base = tmp_path_factory.mktemp("mh_train")
     return procs.one_and_two(base, "jaxppo.train", [], lambda out: _overrides(stories_model, smoke_data, out),
-                             env={"JAXPPO_CACHE_DIR": str(base / "cache")}, devices=DEVICES, mesh=MESH)
+                             env={"JAXPPO_CACHE_DIR": str(base / "cache")})
 
 
 def test_two_processes_match_one(two_runs):
@@ -109,8 +107,8 @@ def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data)
     _, two, _ = two_runs
     out = tmp_path / "killed"
     env = {"JAXPPO_CACHE_DIR": str(tmp_path / "cache")}
-    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out), *MESH)
-    ps = procs.start(cmd, n=2, devices=DEVICES, logdir=tmp_path / "logs1", env=env)
+    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out), *procs.MESH)
+    ps = procs.start(cmd, n=2, devices=procs.DEVICES, logdir=tmp_path / "logs1", env=env)
     t0 = time.monotonic()
     while not (out / "checkpoints" / str(SAVE)).is_dir():
         assert time.monotonic() - t0 < 1200 and all(p.poll() is None for p, _, _ in ps), f"no checkpoint {SAVE}"
@@ -121,7 +119,7 @@ def test_sigkill_both_then_resume(tmp_path, two_runs, stories_model, smoke_data)
     for p, _, _ in ps:
         p.wait()
     assert not (out / "summary.json").exists()
-    res = procs.run(cmd, n=2, devices=DEVICES, timeout=1200, logdir=tmp_path / "logs2", env=env)
+    res = procs.run(cmd, n=2, devices=procs.DEVICES, timeout=1200, logdir=tmp_path / "logs2", env=env)
     assert all(r.returncode == 0 for r in res), "\n".join(r.describe() for r in res)
     m_ref, m_res = procs.metrics_by_step(two), procs.metrics_by_step(out)
     assert sorted(m_res) == sorted(m_ref)
@@ -149,8 +147,8 @@ def test_sigterm_at_a_random_step_then_resume_equals_the_uninterrupted_run(tmp_p
     k = random.SystemRandom().randint(1, STEPS - 2)      # the last logged step before the signal
     out = tmp_path / "victim"
     env = {"JAXPPO_CACHE_DIR": str(tmp_path / "cache")}
-    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out), *MESH)
-    ps = procs.start(cmd, n=2, devices=DEVICES, logdir=tmp_path / "logs1", env=env)
+    cmd = procs.python(str(REPO / "launch/multihost.py"), *_overrides(stories_model, smoke_data, out), *procs.MESH)
+    ps = procs.start(cmd, n=2, devices=procs.DEVICES, logdir=tmp_path / "logs1", env=env)
     t0 = time.monotonic()
     while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < k:
         assert time.monotonic() - t0 < 600 and all(p.poll() is None for p, _, _ in ps), \
@@ -165,7 +163,7 @@ def test_sigterm_at_a_random_step_then_resume_equals_the_uninterrupted_run(tmp_p
         f"python -m jaxppo.train: preempted at step {n}; saved checkpoint {n}; resume with trainer.resume=auto"]
     assert [r["step"] for r in rows(out / "metrics.jsonl")] == list(range(1, n + 1))
 
-    resumed = procs.run([*cmd, "trainer.resume=auto"], n=2, devices=DEVICES, timeout=600, logdir=tmp_path / "logs2",
+    resumed = procs.run([*cmd, "trainer.resume=auto"], n=2, devices=procs.DEVICES, timeout=600, logdir=tmp_path / "logs2",
                         env=env)
     assert all(r.returncode == 0 for r in resumed), "\n".join(r.describe() for r in resumed)
     a, b = deterministic_rows(two), deterministic_rows(out)
