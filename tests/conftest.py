@@ -1,9 +1,12 @@
-"""Test setup: 8 simulated CPU devices (sharded code is checked against the single-device result)."""
+"""Test setup: 8 simulated CPU devices (sharded code is checked against the single-device result), compiled fast
+(``tests/xla_flags.py``)."""
 
 import functools
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests.xla_flags import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

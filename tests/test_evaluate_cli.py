@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from tests.xla_flags import xla_flags
 from flax import nnx
 
 from jaxppo.cli.evaluate import main
@@ -191,7 +192,7 @@ def test_bad_input_is_one_line_exit_2(case, match, stories, data_file, tmp_path,
 
 
 def test_module_entry_point_reports_a_missing_policy(stories, data_file, tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "jaxppo.evaluate", "--policy", str(tmp_path / "missing"),
            *_args(stories, data_file, tmp_path / "out")]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

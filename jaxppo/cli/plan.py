@@ -473,9 +473,9 @@ def _ensure_devices(n: int) -> None:
     """Before jax starts its backend: simulate ``n`` CPU devices unless the user chose a platform."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if os.environ["JAX_PLATFORMS"] == "cpu":
-        flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-                 if not f.startswith("--xla_force_host_platform_device_count")]
-        os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+        from jaxppo.parallel.mesh import simulated_devices_flags
+
+        os.environ["XLA_FLAGS"] = simulated_devices_flags(os.environ.get("XLA_FLAGS", ""), n)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

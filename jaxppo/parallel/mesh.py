@@ -31,6 +31,14 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 
+def simulated_devices_flags(xla_flags: str, n: int) -> str:
+    """``xla_flags`` (an ``XLA_FLAGS`` value) with ``--xla_force_host_platform_device_count=n`` in place of any
+    such flag: ``n`` simulated CPU devices, every other flag kept. Takes effect in a process whose JAX backend has not
+    started yet."""
+    kept = [f for f in xla_flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={n}"])
+
+
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A ``Mesh`` of shape ``(data, fsdp, tensor)`` over ``devices`` (default: all devices).
 

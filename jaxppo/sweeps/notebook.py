@@ -36,6 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jaxppo.parallel.mesh import simulated_devices_flags
 from jaxppo.sweeps.results import format_ci as _ci
 from jaxppo.sweeps.results import mismatch, verdict
 from jaxppo.sweeps.runner import scratch_path
@@ -93,7 +94,7 @@ def run_sweep(sweep_file: str | Path, profile: str, output_root: str | Path, *, 
     (the sweep file's default variants), ``"ci"`` with ``--profile ci``.
 
     With ``profile == "full"`` and every run already finished, nothing is run: the tables are only read. The
-    subprocess gets ``XLA_FLAGS=--xla_force_host_platform_device_count=1`` (one CPU device per run) and a
+    subprocess gets one simulated CPU device per run (``XLA_FLAGS``' other flags kept) and a
     compilation cache shared by every sweep under ``output_root`` (``JAX_COMPILATION_CACHE_DIR``, unless set; under
     ``runs/`` when ``output_root`` is in ``results/``).
     Raises ``RuntimeError`` with the tail of the output when no ``results.csv`` was written.
@@ -104,7 +105,7 @@ def run_sweep(sweep_file: str | Path, profile: str, output_root: str | Path, *, 
         print(f"{_rel(out)}: every run finished; reading the tables only")
         return out
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = simulated_devices_flags(env.get("XLA_FLAGS", ""), 1)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str(scratch_path(Path(output_root) / "xla_cache")))
     flags = ["--profile", prof] if prof is not None else []
     argv = [sys.executable, "-m", "jaxppo.sweep", "--config", str(sweep_file), *flags, "--output-dir", str(out),

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.multihost import procs
+from tests.xla_flags import xla_flags
 
 REPO = procs.REPO
 data = REPO / "runs/smoke_data/data.jsonl"
@@ -48,7 +49,7 @@ for name, extra in VARIANTS.items():
     flags = XLA_EXTRA.get(name)
 
     def xla(d, flags=flags):
-        return {} if flags is None else {"XLA_FLAGS": f"--xla_force_host_platform_device_count={d} {flags}"}
+        return {} if flags is None else {"XLA_FLAGS": f"{xla_flags(d)} {flags}"}
     p1 = procs.start([sys.executable, "-m", "jaxppo.train", *common, f"trainer.output_dir={one}"], n=1, devices=8,
                      logdir=base / f"{name}_logs1", env={"JAXPPO_DISTRIBUTED": "0", **xla(8)})
     r1 = procs.wait(p1, timeout=900)

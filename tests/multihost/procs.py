@@ -1,7 +1,7 @@
 """Launch N real Python processes joined by ``jax.distributed`` on CPU (127.0.0.1), collect their results.
 
 Each process gets ``JAXPPO_COORDINATOR`` / ``JAXPPO_NUM_PROCESSES`` / ``JAXPPO_PROCESS_ID`` (what
-``launch/multihost.py`` reads), ``XLA_FLAGS=--xla_force_host_platform_device_count=D`` and
+``launch/multihost.py`` reads), ``XLA_FLAGS`` for D simulated devices (``tests/xla_flags.py``) and
 ``JAX_PLATFORMS=cpu``; CPU collectives run over gloo. No mocks: these are separate OS processes.
 """
 
@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +46,7 @@ def process_env(index: int, n: int, port: int, devices: int, extra: dict | None 
     env = dict(os.environ)
     env.update({
         "JAXPPO_COORDINATOR": f"127.0.0.1:{port}", "JAXPPO_NUM_PROCESSES": str(n), "JAXPPO_PROCESS_ID": str(index),
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": xla_flags(devices), "JAX_PLATFORMS": "cpu",
         "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
     })
     env.update(extra or {})

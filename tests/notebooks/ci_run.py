@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 VERDICT = re.compile(r"^  (\S+) vs (\S+): final held-out reward (-?\d+\.\d+) \[(-?\d+\.\d+), (-?\d+\.\d+)\] vs "
@@ -34,7 +35,7 @@ def ensure_smoke_data() -> None:
             return
         code = ("from jaxppo.config import load_config; from jaxppo.trainer.ppo.build import ensure_data; "
                 "ensure_data(load_config('configs/smoke.yaml', ['trainer.progress=false']))")
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+        env = dict(os.environ, XLA_FLAGS=xla_flags(1))
         res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]

@@ -71,3 +71,13 @@ def test_batch_sharding_and_replicated():
     assert len(a.addressable_shards) == 8 and a.addressable_shards[0].data.shape == (1, 2)
     r = jax.device_put(jnp.ones(3), pm.replicated(m))
     assert all(s.data.shape == (3,) for s in r.addressable_shards)
+
+
+def test_simulated_devices_flags_replace_only_the_device_count():
+    from jaxppo.parallel.mesh import simulated_devices_flags
+
+    assert simulated_devices_flags("", 1) == "--xla_force_host_platform_device_count=1"
+    assert (simulated_devices_flags("--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0", 1)
+            == "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=1")
+    assert (simulated_devices_flags("--a=1  --xla_force_host_platform_device_count=2 --b", 4)
+            == "--a=1 --b --xla_force_host_platform_device_count=4")

@@ -14,6 +14,7 @@ import jax
 import pytest
 
 from tests.trainer.conftest import REPO, overrides_for_cli
+from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -30,7 +31,7 @@ def _bad_rows() -> list[str]:
 
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "jaxppo.train", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)

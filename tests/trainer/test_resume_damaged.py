@@ -13,6 +13,7 @@ import jax
 import pytest
 
 from tests.trainer.conftest import REPO, overrides_for_cli
+from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -87,7 +88,7 @@ def test_resume_from_the_step0_checkpoint(make_cfg, tmp_path):
 
 
 def _train_cli(tmp_path: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(cache))
     return subprocess.run([sys.executable, "-m", "jaxppo.train", *overrides], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)

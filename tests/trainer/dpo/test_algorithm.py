@@ -17,6 +17,7 @@ import pytest
 from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
 from tests.resume_helpers import rows as _rows
 from tests.trainer.dpo.conftest import REPO, dpo_overrides
+from tests.xla_flags import xla_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -147,7 +148,7 @@ def test_reference_logps_are_cached(tmp_path, stories_model, hh_pairs, monkeypat
 
 
 def _cli(out: Path, stories_model, hh_pairs, cache: Path, xla_cache: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
                JAX_COMPILATION_CACHE_DIR=str(xla_cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     cmd = [sys.executable, "-m", "jaxppo.dpo", *dpo_overrides(stories_model, hh_pairs, out, cache, *extra)]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -202,7 +203,7 @@ def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, hh_pairs,
     ("data.schema=scored", "data.schema"),
 ])
 def test_bad_config_is_one_line_error(tmp_path, stories_model, hh_pairs, override, needle):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "jaxppo.dpo", *dpo_overrides(stories_model, hh_pairs, tmp_path / "o",
                                                               tmp_path / "c"), *override.split()]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

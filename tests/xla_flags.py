@@ -1,0 +1,20 @@
+"""The ``XLA_FLAGS`` of the JAX processes the tests run: the pytest process and the subprocesses it starts.
+
+``FAST_COMPILE`` runs XLA:CPU's LLVM code generation at -O0. The tests' programs are tiny, so compiling them takes
+most of a test's time, and -O0 compiles them in about half the time. XLA's own HLO passes (fusion, layout, sharding)
+run as at the default level, so a program computes the same values up to float rounding. The processes that stand
+for a user's shell (the installed ``jaxppo`` console script, the benchmark scripts, ``jaxppo.plan`` on the shipped
+examples) run without these flags, at the default level.
+"""
+
+from __future__ import annotations
+
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(devices: int) -> str:
+    """``XLA_FLAGS`` for a process with ``devices`` simulated CPU devices, compiled with ``FAST_COMPILE``."""
+    return f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
+
+
+__all__ = ["FAST_COMPILE", "xla_flags"]
