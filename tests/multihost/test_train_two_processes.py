@@ -1,7 +1,8 @@
-"""Real processes: ``launch/multihost.py`` trains the smoke config with packed minibatches (``data.packing``: every
-process plans the same layout from the replicated draw) under 2 processes x 2 devices (``jax.distributed`` over
-127.0.0.1, gloo CPU collectives) to the end, and its per-step losses equal those of 1 process x 4 devices on the
-same (data=2, fsdp=2) mesh. Stopped and resumed, the 2-process run ends as the uninterrupted one:
+"""Real processes: ``launch/multihost.py`` trains the smoke config under 2 processes x 2 devices (``jax.distributed``
+over 127.0.0.1, gloo CPU collectives) to the end, and its per-step losses equal those of 1 process x 4 devices on the
+same (data=2, fsdp=2) mesh, with packed minibatches (``data.packing``: every process plans the same layout from the
+replicated draw) and with the default padded rows. Stopped and resumed, the packed 2-process run ends as the
+uninterrupted one:
 
 - SIGTERM to one process at a random step: the flag is agreed at the step boundary, so both processes stop after the
   same step, write that checkpoint together and exit 75 with the same line; resumed (``trainer.resume=auto``), every
@@ -42,23 +43,22 @@ def smoke_data(tmp_path_factory, stories_model) -> Path:
     return out / "data.jsonl"
 
 
-def _overrides(stories_model, data, out) -> list[str]:
+def _overrides(stories_model, data, out, packing: bool = True) -> list[str]:
     return ["--config", str(REPO / "configs/smoke.yaml"), f"model.path={stories_model}", f"data.path={data}",
             "data.collect_if_missing=false", f"trainer.output_dir={out}", f"trainer.total_steps={STEPS}",
             f"trainer.save_every={SAVE}", "trainer.eval_every=null", "trainer.eval_prompts=8", "trainer.progress=false",
-            "data.packing=true"]
+            f"data.packing={str(packing).lower()}"]
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, stories_model, smoke_data):
-    """(one, two): the output folders of 1 process x 4 devices and 2 processes x 2 devices (run together)."""
+    """(one, two): the output folders of 1 process x 4 devices and 2 processes x 2 devices (run together), packed."""
     base = tmp_path_factory.mktemp("mh_train")
     return procs.one_and_two(base, "jaxppo.train", [], lambda out: _overrides(stories_model, smoke_data, out),
                              env={"JAXPPO_CACHE_DIR": str(base / "cache")})
 
 
-def test_two_processes_match_one(two_runs):
-    one, two, _ = two_runs
+def _losses_match(one: Path, two: Path) -> None:
     m1, m2 = procs.metrics_by_step(one), procs.metrics_by_step(two)
     worst = {}
     for step in range(1, STEPS + 1):
@@ -68,6 +68,18 @@ def test_two_processes_match_one(two_runs):
             worst[k] = max(worst.get(k, 0.0), procs.rel_diff(a, b))
     print("worst relative difference, steps 1-%d:" % STEPS, worst)
     assert all(v <= RTOL for v in worst.values()), worst
+
+
+def test_two_processes_match_one(two_runs):
+    one, two, _ = two_runs
+    _losses_match(one, two)
+
+
+def test_two_processes_match_one_padded(tmp_path, stories_model, smoke_data):
+    one, two, _ = procs.one_and_two(tmp_path, "jaxppo.train", [],
+                                    lambda out: _overrides(stories_model, smoke_data, out, packing=False),
+                                    env={"JAXPPO_CACHE_DIR": str(tmp_path / "cache")})
+    _losses_match(one, two)
 
 
 def test_only_process_zero_wrote(two_runs):
