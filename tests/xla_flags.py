@@ -9,6 +9,9 @@ examples) run without these flags, at the default level.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 
@@ -17,4 +20,11 @@ def xla_flags(devices: int) -> str:
     return f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
 
 
-__all__ = ["FAST_COMPILE", "xla_flags"]
+def cli_env(cache: Path, **extra: str) -> dict[str, str]:
+    """The environment of a command-line subprocess: one CPU device, ``FAST_COMPILE``, every program cached in
+    ``cache`` (the session's compilation cache)."""
+    return dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **extra)
+
+
+__all__ = ["FAST_COMPILE", "cli_env", "xla_flags"]

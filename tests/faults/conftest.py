@@ -3,7 +3,6 @@ the command-line entry points as real processes."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,15 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import REPO, TINY, compile_cache, scored_data  # noqa: F401 - fixtures used here
-from tests.xla_flags import xla_flags
+from tests.xla_flags import cli_env
 
 __all__ = ["REPO", "TINY", "cli_env", "one_line_error", "overrides", "run_module"]
-
-
-def cli_env(cache: Path, **extra: str) -> dict[str, str]:
-    """The environment of a CLI subprocess: one CPU device, the session's compilation cache."""
-    return dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
-                JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **extra)
 
 
 def overrides(stories_model: Path, data: Path, out: Path, *extra: str) -> list[str]:

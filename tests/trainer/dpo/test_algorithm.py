@@ -17,7 +17,7 @@ import pytest
 from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
 from tests.resume_helpers import rows as _rows
 from tests.trainer.dpo.conftest import REPO, dpo_overrides
-from tests.xla_flags import xla_flags
+from tests.xla_flags import cli_env, xla_flags
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -148,8 +148,7 @@ def test_reference_logps_are_cached(tmp_path, stories_model, hh_pairs, monkeypat
 
 
 def _cli(out: Path, stories_model, hh_pairs, cache: Path, xla_cache: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=str(xla_cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env = cli_env(xla_cache)
     cmd = [sys.executable, "-m", "jaxppo.dpo", *dpo_overrides(stories_model, hh_pairs, out, cache, *extra)]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

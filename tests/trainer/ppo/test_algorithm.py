@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,13 @@ import pytest
 from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
 from tests.resume_helpers import rows as _rows
 from tests.trainer.conftest import REPO, overrides_for_cli
-from tests.xla_flags import xla_flags
+from tests.xla_flags import cli_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def _cli(out: Path, stories_model, scored_data, cache: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env = cli_env(cache)
     cmd = [sys.executable, "-m", "jaxppo.train", *overrides_for_cli(stories_model, scored_data, out, *extra)]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
