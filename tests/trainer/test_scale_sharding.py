@@ -130,7 +130,8 @@ def test_micro_batches_and_prepare_chunks_spread_over_devices_and_match_one_devi
     results equal the single-device run's, and the priorities come back in row order (vs one full micro-batch)."""
     import dataclasses
 
-    from jaxppo.optim import make_optimizer
+    from jaxppo.optim import lr_schedule, make_optimizer
+    from jaxppo.trainer.ppo.hparams import step_hparams
     from jaxppo.trainer.ppo.steps import make_train_step
 
     _need8()
@@ -161,8 +162,9 @@ def test_micro_batches_and_prepare_chunks_spread_over_devices_and_match_one_devi
 
     cfg_full = dataclasses.replace(r1.cfg, actor=dataclasses.replace(r1.cfg.actor, ppo_micro_batch_size=64))
     total = r1.cfg.trainer.total_steps
-    full = make_train_step(cfg_full, r1.actor_gd, r1.critic_gd, make_optimizer(cfg_full.actor.optim, total),
-                           make_optimizer(cfg_full.critic.optim, total))
+    full = make_train_step(step_hparams(cfg_full), r1.actor_gd, r1.critic_gd,
+                           make_optimizer(cfg_full.actor.optim, total), make_optimizer(cfg_full.critic.optim, total),
+                           lr_schedule(cfg_full.actor.optim, total), lr_schedule(cfg_full.critic.optim, total))
     s1, s8 = perturb(s1), perturb(s8)
     sf, _ = full(_copy(s1))
     n1, m1 = r1.step(_copy(s1))

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
-from jaxppo.optim import init_optimizer, make_optimizer, replicate_leaves, shardings_of
+from jaxppo.optim import init_optimizer, lr_schedule, make_optimizer, replicate_leaves, shardings_of
 from jaxppo.trainer.harness import check_rows
 from jaxppo.trainer.micro import check_mesh
 from jaxppo.trainer.policy import Policy, PolicyRun, split_policy
@@ -168,10 +168,11 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
         state = replicate_leaves(state, mesh)
     shardings = shardings_of(state)
     capacity = replay_state.capacity
-    prepare = make_prepare_fn(cfg, actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp,
+    prepare = make_prepare_fn(actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp,
                               base=base, packed=bool(cfg.data.packing))
-    step = make_train_step(cfg, actor_gd, critic_gd, actor_tx, critic_tx, state_shardings=shardings, mesh=mesh,
-                           hp=hp, base=base, packed=bool(cfg.data.packing))
+    step = make_train_step(hp, actor_gd, critic_gd, actor_tx, critic_tx, lr_schedule(cfg.actor.optim, total),
+                           None if critic_tx is None else lr_schedule(cfg.critic.optim, total),
+                           state_shardings=shardings, mesh=mesh, base=base, packed=bool(cfg.data.packing))
     return Core(state=state, actor_tx=actor_tx, critic_tx=critic_tx, prepare=prepare, step=step)
 
 
@@ -223,7 +224,7 @@ def assemble_run(cfg: Any, mesh, rules: dict, tokenizer, model_path, actor_model
         check_whole_groups(train, cfg.replay.group_size)
     train["ref_logp"] = compute_behaviour_logprobs(actor_model, train, batch_size=cfg.data.behaviour_batch_size,
                                                    packing=cfg.data.packing)
-    train["filter_w"], pf_stats = pf_filter(cfg, train["score"], train["group_id"], cfg.trainer.seed)
+    train["filter_w"], pf_stats = pf_filter(hp.pf, train["score"], train["group_id"], cfg.trainer.seed)
     if cfg.pf_ppo.enabled and cfg.pf_ppo.filter == "dynamic_sampling":
         logger.info("pf_ppo.filter=dynamic_sampling: %d prompt groups dropped (all scores equal)",
                     pf_stats["pf_ppo/dropped_groups"])

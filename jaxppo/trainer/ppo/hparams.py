@@ -13,7 +13,9 @@ whole ``Config``:
   ``algorithm.rollout_correction.*`` (verl's rollout IS weights and rejection mask; exclusive with
   ``importance.enabled``);
 - :class:`ReplayHP`: sampling, the priority function name (``jaxppo.ops.PRIORITIES``), β schedule;
-- :class:`PFHP`: PF-PPO filter and batch-level reweighting.
+- :class:`PFHP`: PF-PPO filter and batch-level reweighting;
+- :class:`KLCtrlHP`: the KL coefficient's controller (``algorithm.kl_ctrl``: fixed, or adaptive with its target and
+  horizon); ``StepHP.lora_dropout``: the adapters' dropout rate (0 without adapters).
 """
 
 from __future__ import annotations
@@ -108,6 +110,13 @@ class PFHP:
 
 
 @dataclasses.dataclass(frozen=True)
+class KLCtrlHP:
+    adaptive: bool = False    # algorithm.kl_ctrl.type == "adaptive": ops.adaptive_kl_update after each step
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclasses.dataclass(frozen=True)
 class StepHP:
     actor: ActorHP
     critic: CriticHP | None      # None: critic-free estimator, no critic
@@ -120,6 +129,8 @@ class StepHP:
     micro_batch: int
     actor_epochs: int
     critic_epochs: int
+    kl_ctrl: KLCtrlHP = KLCtrlHP()
+    lora_dropout: float = 0.0    # model.lora.dropout with adapters (model.lora.rank > 0), else 0
 
 
 def default_priority(needs_critic: bool) -> str:
@@ -171,4 +182,7 @@ def step_hparams(cfg: Any) -> StepHP:
                               "or replay.group_size=1")
     return StepHP(actor=actor, critic=critic, advantage=adv, importance=imp, rollout_corr=corr_hp, replay=replay,
                   pf=pf_hp, mini_batch=mb, micro_batch=a.ppo_micro_batch_size or mb, actor_epochs=a.ppo_epochs,
-                  critic_epochs=c.ppo_epochs)
+                  critic_epochs=c.ppo_epochs,
+                  kl_ctrl=KLCtrlHP(adaptive=alg.kl_ctrl.type == "adaptive", target_kl=alg.kl_ctrl.target_kl,
+                                   horizon=alg.kl_ctrl.horizon),
+                  lora_dropout=float(cfg.model.lora.dropout) if int(cfg.model.lora.rank) > 0 else 0.0)

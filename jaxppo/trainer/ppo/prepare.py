@@ -24,7 +24,6 @@ For every buffer slot (``[N, R]`` arrays, ``m`` the response mask):
 
 from __future__ import annotations
 
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +39,7 @@ from jaxppo.trainer.ppo.packed import TOKEN_FIELDS, HostPlanned, packed_sharding
 from jaxppo.trainer.ppo.buffer_types import BufferItem, Prepared, Tokens
 from jaxppo.trainer.ppo.forward import response_logp_entropy, response_logp_entropy_values
 from jaxppo.trainer.with_base import jit_step
-from jaxppo.trainer.ppo.hparams import StepHP
+from jaxppo.trainer.ppo.hparams import PFHP, StepHP
 
 
 def last_token_onehot(response_mask: jax.Array) -> jax.Array:
@@ -78,7 +77,7 @@ def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Arra
                                                   group_id=group_id, agg=hp.replay.priority_agg)
 
 
-def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardings=None, base=None,
+def make_prepare_fn(actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardings=None, base=None,
                     packed: bool = False):
     """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer: the buffer's
     ``BufferItem.prepared`` (``batch.Prepared``) is replaced, its ``data`` kept.
@@ -172,13 +171,13 @@ def make_prepare_fn(cfg: Any, actor_gd, critic_gd, *, chunk: int, hp: StepHP, st
                        cache_key=lambda state: int(jax.device_get(state.data_cursor)), group_size=n)
 
 
-def pf_filter(cfg: Any, score: np.ndarray, group_id: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, int]]:
-    """PF-PPO dataset filter weights ``f_i`` (``pf_ppo.filter``; all 1 when PF-PPO is off) and the filter's counts.
+def pf_filter(pf: PFHP, score: np.ndarray, group_id: np.ndarray, seed: int) -> tuple[np.ndarray, dict[str, int]]:
+    """PF-PPO dataset filter weights ``f_i`` (``pf.filter``, the step's ``hparams.PFHP``: ``pf_ppo.filter``, "none"
+    when PF-PPO is off, which gives all 1) and the filter's counts.
 
-    The filter is ``replay.pf_ppo.PF_FILTERS[pf_ppo.filter]``; the counts hold ``pf_ppo/dropped_groups``, the
+    The filter is ``replay.pf_ppo.PF_FILTERS[pf.filter]``; the counts hold ``pf_ppo/dropped_groups``, the
     groups whose every row got weight 0 (``dynamic_sampling``, DAPO: the groups whose scores are all equal)."""
-    pf = cfg.pf_ppo
-    if not pf.enabled or pf.filter == "none":
+    if pf.filter == "none":
         return np.ones(score.shape, np.float32), {"pf_ppo/dropped_groups": 0}
     groups, gid = np.unique(group_id, return_inverse=True)
     s, g = jnp.asarray(score, jnp.float32), jnp.asarray(gid, jnp.int32)

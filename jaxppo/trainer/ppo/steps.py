@@ -54,7 +54,7 @@ above 0.1 (non-negligible contribution to the gradient).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,7 @@ from jaxppo import replay as replay_lib
 from jaxppo.ops.masked import masked_var
 from jaxppo.models.lora_dropout import DROPOUT_STREAM
 from jaxppo.parallel import batch_divisor
-from jaxppo.optim import lr_schedule, set_learning_rate
+from jaxppo.optim import set_learning_rate
 from jaxppo.replay.filtered import filtered_stored_priority, filtered_weights
 from jaxppo.trainer.micro import group_micro_order, micro_grads, strided_merge
 from jaxppo.trainer.ppo.buffer_types import BufferItem
@@ -76,7 +76,7 @@ from jaxppo.trainer.ppo.forward import (
     response_logp_entropy_values,
     response_values,
 )
-from jaxppo.trainer.ppo.hparams import StepHP, step_hparams
+from jaxppo.trainer.ppo.hparams import StepHP
 from jaxppo.trainer.ppo.prepare import td_residuals
 from jaxppo.trainer.ppo.packed import TOKEN_FIELDS, HostPlanned, packed_shardings
 from jaxppo.trainer.ppo.state import TrainState
@@ -365,13 +365,15 @@ def run_epochs(update: Callable, epochs: int, params, opts, batch, w, counts=Non
 _GRAD_NORM_KEYS = {"actor": "actor/grad_norm", "critic": "critic/grad_norm"}
 
 
-def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTransformation,
-                    critic_tx: optax.GradientTransformation | None, *, state_shardings=None, mesh=None,
-                    hp: StepHP | None = None, base=None, packed: bool = False):
+def make_train_step(hp: StepHP, actor_gd, critic_gd, actor_tx: optax.GradientTransformation,
+                    critic_tx: optax.GradientTransformation | None, actor_lr: optax.Schedule,
+                    critic_lr: optax.Schedule | None = None, *, state_shardings=None, mesh=None, base=None,
+                    packed: bool = False):
     """The jitted step ``state -> (state, metrics)`` (donated state; explicit shardings with a mesh).
 
-    ``cfg`` gives only the LR schedules (``actor.optim`` / ``critic.optim``, ``trainer.total_steps``); everything
-    else comes from ``hp`` (default ``hparams.step_hparams(cfg)``). Critic-free (``hp.critic is None``): no critic
+    ``hp``: the config's ``hparams.step_hparams``; ``actor_lr`` / ``critic_lr``: the learning-rate schedules of the
+    two optimizers (``optim.lr_schedule``; the step sets each optimizer's rate to ``lr(state.step)``, the actor's
+    times ``state.lr_scale``). Critic-free (``hp.critic is None``): no critic
     phase, no ``critic/*`` metrics, ``state.critic`` stays None. With adapters, ``base`` is the frozen base
     (``jaxppo.models.adapters``): the jitted function takes it as a second, non-donated argument and the
     returned callable (:class:`WithBase`) binds it, so callers still call ``step(state)``.
@@ -381,17 +383,15 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
     same state), wrapped in :class:`jaxppo.trainer.ppo.packed.HostPlanned` so callers still call ``step(state)``;
     the trunk runs on the packed rows, the losses and metrics are those of the padded layout.
     """
-    hp = step_hparams(cfg) if hp is None else hp
+    if hp.critic is not None and (critic_tx is None or critic_lr is None):
+        raise ValueError("a step with a critic (hp.critic) needs critic_tx and critic_lr")
     rh, pf = hp.replay, hp.pf
     B, n_micro = hp.mini_batch, hp.mini_batch // hp.micro_batch
     prioritized = rh.prioritized
     td_priority = rh.priority == "td_error"
-    actor_lr = lr_schedule(cfg.actor.optim, cfg.trainer.total_steps)
-    critic_lr = lr_schedule(cfg.critic.optim, cfg.trainer.total_steps)
     txs = {"actor": actor_tx, "critic": critic_tx}
     opt_field = {"actor": "actor_opt", "critic": "critic_opt"}
-    kc = cfg.algorithm.kl_ctrl
-    drop_rate = float(cfg.model.lora.dropout) if int(cfg.model.lora.rank) > 0 else 0.0
+    kc, drop_rate = hp.kl_ctrl, hp.lora_dropout
 
     def step_with(state: TrainState, plan, frozen):
         phases = [(ph, make_update(ph.loss_fn, tuple(txs[f] for f in ph.fields), n_micro, mesh=mesh))
@@ -411,7 +411,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
             sel = replay_lib.resample_indices(k_pf, replay_lib.batch_reweight(batch.data.score, pf.reweight_method,
                                                                              pf.weight_pow))
             counts = jnp.zeros((B,), jnp.float32).at[sel].add(1.0)
-        lrs = {"actor": actor_lr(state.step), "critic": critic_lr(state.step)}
+        lrs = {"actor": actor_lr(state.step), "critic": None if critic_lr is None else critic_lr(state.step)}
         applied = {"actor": lrs["actor"] * state.lr_scale, "critic": lrs["critic"]}   # the guards' LR cut
 
         new_fields, metrics, finite, prio, loss = {}, {}, jnp.bool_(True), None, jnp.float32(0.0)
@@ -438,7 +438,7 @@ def make_train_step(cfg: Any, actor_gd, critic_gd, actor_tx: optax.GradientTrans
                                                refresh=False)
             rs = replay_lib.record_sample(rs, idx)    # staleness decay (replay.decay), one count per draw
         kl_coef = state.kl_coef
-        if kc.type == "adaptive":
+        if kc.adaptive:
             kl_coef = ops.adaptive_kl_update(kl_coef, metrics["algorithm/kl"], B, target=kc.target_kl,
                                              horizon=kc.horizon)
 

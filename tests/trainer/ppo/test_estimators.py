@@ -185,11 +185,11 @@ def test_pf_filter_dynamic_sampling_hand_case():
     score = np.array([1.0, 1.0, 0.2, 0.9, 0.5, 0.5, 0.5, 0.3], np.float32)
     gid = np.array([1, 1, 2, 2, 3, 3, 3, 4])
     cfg = load_config(None, ["pf_ppo.enabled=true", "pf_ppo.filter=dynamic_sampling"])
-    w, stats = pf_filter(cfg, score, gid, 0)
+    w, stats = pf_filter(step_hparams(cfg).pf, score, gid, 0)
     np.testing.assert_array_equal(w, [0, 0, 1, 1, 0, 0, 0, 1])
     assert stats == {"pf_ppo/dropped_groups": 2}
-    w, stats = pf_filter(load_config(None, []), score, gid, 0)
+    w, stats = pf_filter(step_hparams(load_config(None, [])).pf, score, gid, 0)
     np.testing.assert_array_equal(w, np.ones(8))
     assert stats == {"pf_ppo/dropped_groups": 0}
     with pytest.raises(ValueError, match="every trajectory weight 0"):
-        pf_filter(cfg, np.ones(4, np.float32), np.array([0, 0, 1, 1]), 0)
+        pf_filter(step_hparams(cfg).pf, np.ones(4, np.float32), np.array([0, 0, 1, 1]), 0)
