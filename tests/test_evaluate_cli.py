@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from tests.xla_flags import xla_flags
+from tests.xla_flags import cli_env
 from flax import nnx
 
 from jaxppo.cli.evaluate import main
@@ -192,7 +191,7 @@ def test_bad_input_is_one_line_exit_2(case, match, stories, data_file, tmp_path,
 
 
 def test_module_entry_point_reports_a_missing_policy(stories, data_file, tmp_path):
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    env = cli_env()
     cmd = [sys.executable, "-m", "jaxppo.evaluate", "--policy", str(tmp_path / "missing"),
            *_args(stories, data_file, tmp_path / "out")]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

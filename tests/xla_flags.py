@@ -20,11 +20,13 @@ def xla_flags(devices: int) -> str:
     return f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
 
 
-def cli_env(cache: Path, **extra: str) -> dict[str, str]:
-    """The environment of a command-line subprocess: one CPU device, ``FAST_COMPILE``, every program cached in
-    ``cache`` (the session's compilation cache)."""
-    return dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **extra)
+def cli_env(cache: Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a command-line subprocess: one CPU device, ``FAST_COMPILE``, and with ``cache`` (the
+    session's compilation cache) every program cached there; ``extra`` adds or replaces variables."""
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    if cache is not None:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    return {**env, **extra}
 
 
 __all__ = ["FAST_COMPILE", "cli_env", "xla_flags"]

@@ -5,7 +5,6 @@ prompt is left while ``data.eval_fraction > 0`` (the harness's ``check_rows``)."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import jax
 import pytest
 
 from tests.trainer.conftest import REPO, overrides_for_cli
-from tests.xla_flags import xla_flags
+from tests.xla_flags import cli_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -31,10 +30,8 @@ def _bad_rows() -> list[str]:
 
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "jaxppo.train", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "jaxppo.train", *args], cwd=REPO,
+                          env=cli_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=600)
 
 
 def test_five_row_file_with_one_good_row_stops_with_the_counts(tmp_path, stories_model):

@@ -4,7 +4,6 @@ damaged one moved aside, an event logged). Bad input to ``python -m jaxppo.train
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import jax
 import pytest
 
 from tests.trainer.conftest import REPO, overrides_for_cli
-from tests.xla_flags import xla_flags
+from tests.xla_flags import cli_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -88,10 +87,8 @@ def test_resume_from_the_step0_checkpoint(make_cfg, tmp_path):
 
 
 def _train_cli(tmp_path: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu",
-               JAX_COMPILATION_CACHE_DIR=str(cache))
-    return subprocess.run([sys.executable, "-m", "jaxppo.train", *overrides], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "jaxppo.train", *overrides], cwd=REPO, env=cli_env(cache),
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_cli_missing_model_path_is_one_line(tmp_path, stories_model, scored_data, compile_cache):

@@ -4,7 +4,6 @@ reference log-probs, SIGKILL + resume equals an uninterrupted run, hf/ export, o
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 from tests.resume_helpers import deterministic_rows, kill_at_checkpoint_then_resume
 from tests.resume_helpers import rows as _rows
 from tests.trainer.dpo.conftest import REPO, dpo_overrides
-from tests.xla_flags import cli_env, xla_flags
+from tests.xla_flags import cli_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -202,7 +201,7 @@ def test_sigkill_resume_matches_uninterrupted(tmp_path, stories_model, hh_pairs,
     ("data.schema=scored", "data.schema"),
 ])
 def test_bad_config_is_one_line_error(tmp_path, stories_model, hh_pairs, override, needle):
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    env = cli_env()
     cmd = [sys.executable, "-m", "jaxppo.dpo", *dpo_overrides(stories_model, hh_pairs, tmp_path / "o",
                                                               tmp_path / "c"), *override.split()]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
