@@ -8,6 +8,7 @@ layer parameter on device. The host never holds more than one tensor at a time.
 
 from __future__ import annotations
 
+import copy
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -82,12 +83,26 @@ class HFDirSource:
         return self._files[self._where[name]].get(name)
 
 
+def _file_key(path: Path) -> tuple[str, int, int]:
+    """``(resolved path, size, mtime_ns)``: a file rewritten in place gets a new key."""
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+@lru_cache(maxsize=4)
+def _gguf_source(path: str, key: tuple[str, int, int]) -> TensorSource:
+    from jaxppo.hf.gguf import GGUFSource
+    return GGUFSource(path)
+
+
 def open_source(path: str | Path) -> TensorSource:
-    """A ``TensorSource`` for a HF directory or a ``.gguf`` file."""
+    """A ``TensorSource`` for a HF directory or a ``.gguf`` file. A ``.gguf`` file is parsed once per process and
+    file version (path, size, modification time); the source is read-only, so callers share it."""
     path = Path(path)
     if path.suffix == ".gguf":
-        from jaxppo.hf.gguf import GGUFSource
-        return GGUFSource(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        return _gguf_source(str(path), _file_key(path))
     if path.is_dir():
         return HFDirSource(path)
     if not path.exists():
@@ -175,18 +190,27 @@ def load_pretrained(path: str | Path, *, dtype=jnp.float32, compute_dtype=None, 
     return load_weights(model, source, mesh=mesh, rules=rules, where=str(path))
 
 
+@lru_cache(maxsize=4)
+def _gguf_tokenizer(path: str, key: tuple[str, int, int]):
+    from transformers import AutoTokenizer
+    p = Path(path)
+    try:
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name, local_files_only=True)
+    except ImportError as e:  # transformers' GGUF reader imports torch
+        raise ImportError(f"reading the tokenizer of {p.name} needs torch (transformers' GGUF reader): "
+                          f"pip install -e '.[gguf]' (torch==2.13.0); original error: {e}") from e
+
+
 def load_tokenizer(path: str | Path):
-    """A transformers tokenizer from a local HF directory or ``.gguf`` file (chat template included)."""
+    """A transformers tokenizer from a local HF directory or ``.gguf`` file (chat template included). A ``.gguf``
+    file's tokenizer is converted once per process and file version; each call returns its own copy (callers may
+    set a chat template on theirs)."""
     from transformers import AutoTokenizer
     path = Path(path)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
-        try:
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-        except ImportError as e:  # transformers' GGUF reader imports torch
-            raise ImportError(f"reading the tokenizer of {path.name} needs torch (transformers' GGUF reader): "
-                              f"pip install -e '.[gguf]' (torch==2.13.0); original error: {e}") from e
+        return copy.deepcopy(_gguf_tokenizer(str(path), _file_key(path)))
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer path {path} is not a directory or a .gguf file")
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -154,3 +154,30 @@ def test_gguf_cut_inside_its_header_is_named_truncated_or_damaged(tmp_path):
     cut.write_bytes(data[:40])
     with pytest.raises(ValueError, match=rf"^{cut}: the GGUF file is truncated or damaged \(40 bytes; the GGUF "):
         load_pretrained(cut)
+
+
+def test_a_gguf_file_is_parsed_once_per_version(tmp_path):
+    """``open_source`` hands back the same parsed file while the file is unchanged, and parses it again once it is
+    rewritten (new size and modification time)."""
+    from jaxppo.hf import open_source
+
+    path = write_gguf(make_hf_model("llama"), tmp_path / "m.gguf")
+    first = open_source(path)
+    assert open_source(path) is first and open_source(str(path)) is first
+    emb = first.get("model.embed_tokens.weight")
+    write_gguf(make_hf_model("llama"), tmp_path / "other.gguf", q8_embedding=True).replace(path)
+    second = open_source(path)
+    assert second is not first
+    assert not np.array_equal(second.get("model.embed_tokens.weight"), emb)   # the Q8_0-rounded embedding
+
+
+@pytest.mark.slow
+def test_gguf_tokenizer_copies_are_independent():
+    """The tokenizer of a ``.gguf`` file is converted once; each call gets its own copy."""
+    path = smollm2_gguf_path()
+    a, b = load_tokenizer(path), load_tokenizer(path)
+    assert a is not b and a.get_vocab() == b.get_vocab()
+    assert a("Once upon a time").input_ids == b("Once upon a time").input_ids
+    template = b.chat_template
+    a.chat_template = "{{ messages[0]['content'] }}"
+    assert b.chat_template == template and load_tokenizer(path).chat_template == template
