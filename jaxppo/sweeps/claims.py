@@ -16,7 +16,9 @@ as secondary), its estimate and 95% interval (first passage: earlier / later / s
 the number of seeds and the 80% power of the paired t-test for the final value
 (:func:`jaxppo.sweeps.stats.min_detectable_effect` with the row's ``final_diff_sd``). A pre-registration item reads
 ``results/preregistered/<name>.result.json`` (``python -m jaxppo.sweeps.prereg --write``): "pending" with the runs
-finished so far, or its primary tests. A benchmark item reads ``results/<name>.json`` (``benchmarks/<name>.py``:
+finished so far, or its primary tests; with ``secondary: waste`` its wasted-iterations secondary instead (per noise
+level the paired difference of the zero-gradient token share and of the low-gradient update share, with the
+baseline's share, Holm-adjusted over all of them). A benchmark item reads ``results/<name>.json`` (``benchmarks/<name>.py``:
 a paired time ratio with its interval). Anything not yet run is "not run".
 """
 
@@ -88,6 +90,31 @@ def prereg_cell(prereg_dir: Path, name: str) -> tuple[str, str]:
     return exp, "; ".join(parts) + f" ({pw.get('seeds', '?')} seeds; {power})"
 
 
+WASTE_NAMES = {"zero_grad_token_frac": "zero-gradient token share", "low_grad_update_frac": "low-gradient update share"}
+
+
+def waste_cell(prereg_dir: Path, name: str) -> tuple[str, str]:
+    """``(experiment, verdict)`` cells of a pre-registration's wasted-iterations secondary (module docstring): the
+    word is "lower" / "higher" when the Holm-adjusted p < 0.05, else "no difference measured"."""
+    exp = f"pre-registered `{name}`, wasted iterations (secondary)"
+    path = prereg_dir / f"{name}.result.json"
+    res = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    tests = res.get("secondary_waste")
+    if not isinstance(tests, list):
+        return exp, "pending" if path.is_file() else "not run"
+    parts = []
+    for metric, label in WASTE_NAMES.items():
+        cells = []
+        for t in (t for t in tests if t["metric"] == metric):
+            word = "no difference measured" if t["p_holm"] >= 0.05 else ("lower" if t["mean"] < 0 else "higher")
+            base = t.get("baseline_mean")
+            of = "" if not base else f" of {base:.3f} ({100 * t['mean'] / base:+.1f}%)"
+            cells.append(f"{t['level']} {word}, {format_ci(t['mean'], t['lo'], t['hi'])}{of}, Holm p {_p(t['p_holm'])}")
+        parts.append(f"{label}: " + "; ".join(cells))
+    n = tests[0]["n"] if tests else "?"
+    return exp, "; ".join(parts) + f" ({n} seeds, Holm over {len(tests)} tests)"
+
+
 def benchmark_cell(results_dir: Path, name: str) -> tuple[str, str]:
     """``(experiment, verdict)`` cells of a benchmark item: the record ``results/<name>.json`` of
     ``benchmarks/<name>.py`` (its paired ``train_ratio``: variant / baseline time with a 95% interval)."""
@@ -113,7 +140,9 @@ def render(claims_file: str | Path, sweeps_root: str | Path = "results/sweeps",
     rows = []
     for c in doc["claims"]:
         for i, item in enumerate(c["evidence"]):
-            if "prereg" in item:
+            if "prereg" in item and item.get("secondary") == "waste":
+                exp, verdict = waste_cell(Path(prereg_dir), item["prereg"])
+            elif "prereg" in item:
                 exp, verdict = prereg_cell(Path(prereg_dir), item["prereg"])
             elif "benchmark" in item:
                 exp, verdict = benchmark_cell(Path(prereg_dir).parent, item["benchmark"])

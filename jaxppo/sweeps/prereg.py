@@ -189,7 +189,9 @@ def analyse(doc: dict) -> dict:
 
 
 def waste_analysis(spec: dict, seeds: list[int]) -> list[dict] | str:
-    """The wasted-iterations secondary (module docstring); ``"pending"`` until every run it reads is finished."""
+    """The wasted-iterations secondary (module docstring): per noise level and metric the seed-paired difference
+    variant - baseline (``mean``, t-interval ``lo``/``hi``, ``p``; ``p_holm`` over all of them) and the baseline's
+    mean over seeds (``baseline_mean``); ``"pending"`` until every run it reads is finished."""
     from jaxppo.sweeps.waste import run_waste
     from jaxppo.trainer.metrics_log import read_jsonl
 
@@ -209,7 +211,8 @@ def waste_analysis(spec: dict, seeds: list[int]) -> list[dict] | str:
             d = np.asarray([v[metric] - b[metric] for v, b in zip(per_arm[spec["variant"]], per_arm[spec["baseline"]])])
             m, lo, hi = stats.t_interval(d)
             tests.append({"level": level, "metric": metric, "mean": m, "lo": lo, "hi": hi,
-                          "p": stats.paired_t_pvalue(d), "n": int(d.size)})
+                          "p": stats.paired_t_pvalue(d), "n": int(d.size),
+                          "baseline_mean": float(np.mean([b[metric] for b in per_arm[spec["baseline"]]]))})
     for t, p in zip(tests, stats.holm([t["p"] for t in tests])):
         t["p_holm"] = p
     return tests

@@ -54,7 +54,8 @@ from jaxppo.sweeps.spec import DEFAULT_ROOT, SweepError, load_sweep
 # finished sweeps of the pre-registered experiments (results/preregistered/)
 DEFAULT_SWEEPS = tuple(f"configs/sweeps/{n}.yaml" for n in (
     "is_onpolicy", "is_offpolicy_t1.5", "is_offpolicy_t0.7", "per_decay", "stale_reuse", "quickstart_replay",
-    "pf_filters", "critic_free", "reuse_p1", "reuse_p4", "reuse_p16", "offpolicy_other"))
+    "pf_filters", "critic_free", "reuse_p1", "reuse_p4", "reuse_p16", "offpolicy_other", "noisy_sd0",
+    "noisy_sd05", "noisy_sd10"))
 DEFAULT_OUT = "docs/results.md"
 CALIBRATION_FILE = "calibration.json"   # in each sweep's output folder
 BEGIN, END = "<!-- sweep-results:begin -->", "<!-- sweep-results:end -->"

@@ -63,3 +63,21 @@ def test_prereg_and_benchmark_cells_by_hand(tmp_path):
     assert C.benchmark_cell(tmp_path, "tt")[1] == ("faster: time ratio 0.900 [0.850, 0.950] over 6 ABBA pairs "
                                                   "(load 0.50)")
     assert C.benchmark_cell(tmp_path, "none")[1] == "not run"
+
+
+def test_waste_cell_by_hand(tmp_path):
+    """Holm p < 0.05 gives lower/higher by the sign; the baseline's share and the relative change follow the
+    interval; a pending secondary or a missing file says so."""
+    (tmp_path / "w.result.json").write_text(json.dumps({"state": "finished", "secondary_waste": [
+        {"level": "sd_0", "metric": "zero_grad_token_frac", "mean": -0.02, "lo": -0.03, "hi": -0.01, "p_holm": 0.01,
+         "n": 5, "baseline_mean": 0.2},
+        {"level": "sd_0", "metric": "low_grad_update_frac", "mean": 0.1, "lo": -0.1, "hi": 0.3, "p_holm": 0.5, "n": 5,
+         "baseline_mean": 0.0}]}))
+    assert C.waste_cell(tmp_path, "w") == (
+        "pre-registered `w`, wasted iterations (secondary)",
+        "zero-gradient token share: sd_0 lower, -0.020 [-0.030, -0.010] of 0.200 (-10.0%), Holm p 0.010; "
+        "low-gradient update share: sd_0 no difference measured, 0.100 [-0.100, 0.300], Holm p 0.500 "
+        "(5 seeds, Holm over 2 tests)")
+    (tmp_path / "p.result.json").write_text(json.dumps({"state": "finished", "secondary_waste": "pending"}))
+    assert C.waste_cell(tmp_path, "p")[1] == "pending"
+    assert C.waste_cell(tmp_path, "none")[1] == "not run"

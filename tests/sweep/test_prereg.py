@@ -115,6 +115,7 @@ def test_waste_secondary_by_hand(tmp_path):
     zero, low = tests
     # zero-grad means: a .2 .2, b .4 .5 -> differences .2 .3; low-gradient: a 0 0, b 1 1 -> differences 1 1
     assert zero["metric"] == "zero_grad_token_frac" and zero["mean"] == pytest.approx(0.25)
+    assert zero["baseline_mean"] == pytest.approx(0.2) and low["baseline_mean"] == 0.0   # the baseline arm a
     assert low["mean"] == pytest.approx(1.0) and low["p"] == 0.0
     assert [t["p_holm"] for t in tests] == pytest.approx(stats.holm([zero["p"], low["p"]]))
     assert P.waste_analysis({"sweeps": {"x": str(f)}, "variant": "b", "baseline": "a"}, [0, 1, 2]) == "pending"
