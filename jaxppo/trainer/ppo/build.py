@@ -225,7 +225,7 @@ def assemble_run(cfg: Any, mesh, rules: dict, tokenizer, model_path, actor_model
     train["ref_logp"] = compute_behaviour_logprobs(actor_model, train, batch_size=cfg.data.behaviour_batch_size,
                                                    packing=cfg.data.packing)
     train["filter_w"], pf_stats = pf_filter(hp.pf, train["score"], train["group_id"], cfg.trainer.seed)
-    if cfg.pf_ppo.enabled and cfg.pf_ppo.filter == "dynamic_sampling":
+    if hp.pf.filter == "dynamic_sampling":
         logger.info("pf_ppo.filter=dynamic_sampling: %d prompt groups dropped (all scores equal)",
                     pf_stats["pf_ppo/dropped_groups"])
 

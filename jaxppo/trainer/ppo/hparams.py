@@ -25,6 +25,7 @@ from typing import Any
 
 from jaxppo import ops
 from jaxppo.config import ConfigError
+from jaxppo.models.lora import spec_from_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +171,7 @@ def step_hparams(cfg: Any) -> StepHP:
     pf_hp = PFHP(filter=pf.filter if pf.enabled else "none",
                  reweight_method=pf.reweight_method if pf.enabled else "none", weight_pow=pf.weight_pow)
     mb = a.ppo_mini_batch_size
+    lora = spec_from_config(cfg.model.lora)
     n = rc.group_size
     if n > 1:
         micro = a.ppo_micro_batch_size or mb
@@ -185,4 +187,4 @@ def step_hparams(cfg: Any) -> StepHP:
                   critic_epochs=c.ppo_epochs,
                   kl_ctrl=KLCtrlHP(adaptive=alg.kl_ctrl.type == "adaptive", target_kl=alg.kl_ctrl.target_kl,
                                    horizon=alg.kl_ctrl.horizon),
-                  lora_dropout=float(cfg.model.lora.dropout) if int(cfg.model.lora.rank) > 0 else 0.0)
+                  lora_dropout=0.0 if lora is None else lora.dropout)

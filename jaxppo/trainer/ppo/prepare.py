@@ -24,7 +24,6 @@ For every buffer slot (``[N, R]`` arrays, ``m`` the response mask):
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
