@@ -59,7 +59,7 @@ def dot_count(jitted, *args) -> int:
 def _vjp_call(f, *args):
     """Jitted forward + VJP of ``f`` (cotangent ones of the output's dtype): the forward product and both
     backward products, as they lower inside a training step. The forward output is returned too: unused, XLA
-    would delete the forward product and the timing would miss a third of the GEMMs (it did until 5 Dec 2026)."""
+    would delete the forward product and the timing would miss a third of the GEMMs."""
     def run(*a):
         y, pull = jax.vjp(f, *a)
         return y, pull(jnp.ones_like(y))

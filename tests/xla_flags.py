@@ -3,8 +3,9 @@
 ``FAST_COMPILE`` runs XLA:CPU's LLVM code generation at -O0. The tests' programs are tiny, so compiling them takes
 most of a test's time, and -O0 compiles them in about half the time. XLA's own HLO passes (fusion, layout, sharding)
 run as at the default level, so a program computes the same values up to float rounding. The processes that stand
-for a user's shell (the installed ``jaxppo`` console script, the benchmark scripts, ``jaxppo.plan`` on the shipped
-examples) run without these flags, at the default level.
+for a user's shell (the installed ``jaxppo`` console script, ``jaxppo.plan`` on the shipped examples) run without
+these flags, at the default level. The benchmark scripts' tests check their records' fields, never a time, so
+their children compile with ``FAST_COMPILE`` too.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """benchmarks/model_layer.py: the GEMM parts it times keep every product (forward, input and weight gradient) in the
-compiled program. Until 5 Dec 2026 the forward output was dropped, XLA deleted the forward product, and the
-'GEMMs alone' time missed a third of the GEMMs (a layer looked only 0.69 GEMMs + attention)."""
+compiled program. With the forward output dropped, XLA deletes the forward product and the 'GEMMs alone' time
+misses a third of the GEMMs."""
 
 from __future__ import annotations
 

@@ -9,11 +9,12 @@ import json
 from types import SimpleNamespace
 
 from benchmarks import packing as K
+from tests.xla_flags import xla_flags
 
 
 @pytest.mark.slow
 def test_a_tiny_behaviour_pass_writes_the_record(tmp_path, monkeypatch):
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(1))   # one CPU device, as a user's run; FAST_COMPILE
     out = tmp_path / "packing.json"
     assert K.main(["--caps", "24,8", "--rows", "8", "--layers", "1", "--batch", "4", "--repeats", "1",
                    "--passes", "behaviour", "--out", str(out)]) == 0

@@ -7,11 +7,12 @@ import pytest
 import json
 
 from benchmarks import quickstart as Q
+from tests.xla_flags import xla_flags
 
 
 @pytest.mark.slow
 def test_a_tiny_main_job_writes_the_record(tmp_path, monkeypatch):
-    monkeypatch.delenv("XLA_FLAGS", raising=False)   # the child runs on one CPU device, as a user's run would
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(1))   # one CPU device, as a user's run; FAST_COMPILE
     out = tmp_path / "qs.json"
     over = ["trainer.total_steps=2", "trainer.eval_prompts=2", "critic.ppo_epochs=1", "rollout.max_prompts=10",
             "data.eval_fraction=0.2", "actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=8",

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from benchmarks import train_time as T
+from tests.xla_flags import xla_flags
 
 
 def test_abba_order():
@@ -28,7 +29,7 @@ def test_paired_ratio_by_hand():
 
 @pytest.mark.slow
 def test_one_tiny_pair_writes_the_record(tmp_path, monkeypatch):
-    monkeypatch.delenv("XLA_FLAGS", raising=False)   # the child runs on one CPU device, as a user's run would
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(1))   # one CPU device, as a user's run; FAST_COMPILE
     out = tmp_path / "tt.json"
     over = ["trainer.total_steps=2", "trainer.eval_every=2", "trainer.eval_prompts=2", "critic.ppo_epochs=1",
             "rollout.max_prompts=10", "data.eval_fraction=0.2", "actor.ppo_mini_batch_size=8",

@@ -124,7 +124,7 @@ def test_sharded_loss_and_grads_match_single_device(family, mesh_shape, jit):
     flat0, flat1 = jax.tree.leaves(g0), jax.tree.leaves(g1)
     assert len(flat0) == len(flat1) > 5
     for a, b in zip(flat0, flat1):
-        # float32 sums in another order: the gap depends on the CPU's kernels (1.6e-6 on an AMD EPYC, 2026-12-04);
+        # float32 sums in another order: the gap depends on the CPU's kernels (about 1.6e-6 on an AMD EPYC);
         # a wrong sharding is off by orders of magnitude more
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=5e-6, rtol=1e-4)
     logits = sharded(ids_s, mask_s)

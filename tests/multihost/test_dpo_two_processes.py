@@ -98,9 +98,9 @@ def test_dpo_one_process_killed_the_other_stops(tmp_path, stories_model, hh_pair
     # JAX names the dead task in one of two words, depending on whether process 0 was waiting in a barrier
     # ("Task 1 heartbeat timeout") or not ("The following tasks are unhealthy (stopped sending heartbeats):\n1").
     # When the kill lands inside one of the step's gloo collectives, gloo aborts process 0 first, at once, with its
-    # own error on the pair to the dead peer ("Received data size doesn't match expected size"; seen in CI on
-    # 5 Dec 2026 once the shared-prompt DPO step made the steps shorter): it does not name the process, but it
-    # stops the run the same way, which is what this test is about
+    # own error on the pair to the dead peer ("Received data size doesn't match expected size"; more likely the
+    # shorter the steps): it does not name the process, but it stops the run the same way, which is what this test
+    # is about
     # launch/multihost.py turns either report into one line (the runtime's report goes to crash-process0.log)
     assert survivor.returncode == 76, survivor.describe()
     last = survivor.stderr.strip().splitlines()[-1]
