@@ -222,6 +222,7 @@ def run(args, rec: dict) -> dict:
     from jaxppo.hf.from_config import lm_config
     from jaxppo.trainer.ppo.build import assemble_run, check_config
     from jaxppo.trainer.ppo.packed import HostPlanned
+    from jaxppo.trainer.policy import LoadedPolicy
 
     hf = SHAPES[args.shape]
     rec.update({"shape": args.shape, "config": args.config, "overrides": args.overrides, "phase": "setup",
@@ -261,8 +262,10 @@ def run(args, rec: dict) -> dict:
     heldout = synthetic_rows(max(1, cfg.rollout.n), P, R, hf["vocab_size"], cfg.rollout.n, seed=2)
     rec["memory_after_adapters"] = _memory()
     rec["phase"] = "assemble (behaviour pass, buffer, jits)"
-    run_ = assemble_run(cfg, mesh, rules, None, "random:" + args.shape, model, train, heldout, None, hp=hp)
+    loaded = LoadedPolicy(mesh=mesh, rules=rules, model_path="random:" + args.shape, tokenizer=None, model=model)
     del model
+    run_ = assemble_run(cfg, loaded, train, heldout, None, hp=hp)
+    del loaded
     rec["phase"] = "prepare"
     state = jax.block_until_ready(run_.prepare(run_.state))
     rec["setup_s"] = time.perf_counter() - t0

@@ -95,6 +95,7 @@ def update_run(pass_name: str, packed: bool, arrays: dict, args):
     from jaxppo.config import load_config
     from jaxppo.trainer.mesh import mesh_from_config
     from jaxppo.trainer.ppo.build import assemble_run, check_config
+    from jaxppo.trainer.policy import LoadedPolicy
     import jax
 
     rng = np.random.default_rng(0)
@@ -126,7 +127,8 @@ def update_run(pass_name: str, packed: bool, arrays: dict, args):
     mesh, rules = mesh_from_config(cfg.mesh, devices)
     model = build_model(args.layers)
     heldout = {k: v[:1] for k, v in rows.items()}
-    return assemble_run(cfg, mesh, rules, None, "random", model, rows, heldout, None, hp=hp), rows
+    loaded = LoadedPolicy(mesh=mesh, rules=rules, model_path="random", tokenizer=None, model=model)
+    return assemble_run(cfg, loaded, rows, heldout, None, hp=hp), rows
 
 
 def batches(arrays: dict, batch: int):

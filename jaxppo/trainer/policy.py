@@ -12,7 +12,8 @@ One place makes the two choices of a policy:
   abstract leaves carry the shardings the real ones get.
 
 A run that holds a :class:`Policy` (``parts``) and a train state whose ``actor`` field is the trainable part gets
-``policy()``, ``reference()`` and ``params_of()`` from :class:`PolicyRun`.
+``policy()``, ``reference()`` and ``params_of()`` from :class:`PolicyRun`. :func:`load_policy` is the loading both
+trainers start from: the mesh, the resolved model path, the tokenizer and the model on the mesh.
 """
 
 from __future__ import annotations
@@ -26,6 +27,32 @@ from flax import nnx
 
 from jaxppo.models.adapters import merge_with_base, reference_adapters, split_frozen
 from jaxppo.optim import split_params
+
+
+@dataclasses.dataclass
+class LoadedPolicy:
+    """What a trainer loads from ``cfg.model`` and ``cfg.mesh`` before it reads its data (:func:`load_policy`)."""
+    mesh: Any
+    rules: dict            # logical axis -> mesh axes (``trainer.mesh.mesh_from_config``)
+    model_path: str        # ``cfg.model.path`` resolved (``hf.paths.resolve_model_path``)
+    tokenizer: Any
+    model: nnx.Module      # on the mesh; with adapters attached when ``model.lora.rank > 0``
+
+
+def load_policy(cfg: Any, devices, *, tokenizer: Any = None) -> LoadedPolicy:
+    """The mesh of ``cfg.mesh`` over ``devices``, ``cfg.model``'s resolved path and tokenizer (``tokenizer``: the
+    one the caller already loaded with ``hf.from_config.load_tokenizer_of``), and the model loaded onto the mesh
+    with ``model.remat`` (``hf.from_config.load_model``), its adapters initialised from ``trainer.seed``."""
+    from jaxppo.hf.from_config import load_model, load_tokenizer_of
+    from jaxppo.hf.paths import resolve_model_path
+    from jaxppo.trainer.mesh import mesh_from_config
+
+    mesh, rules = mesh_from_config(cfg.mesh, list(devices))
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer_of(cfg.model) if tokenizer is None else tokenizer
+    model = load_model(cfg.model, model_path, mesh=mesh, rules=rules, remat=cfg.model.remat,
+                       adapters_seed=cfg.trainer.seed)
+    return LoadedPolicy(mesh=mesh, rules=rules, model_path=model_path, tokenizer=tokenizer, model=model)
 
 
 @dataclasses.dataclass
@@ -117,4 +144,4 @@ def split_policy(model: nnx.Module, *, mesh=None, rules: dict | None = None) -> 
     return Policy(graphdef=graphdef, params=params, ref_params=ref_params, base=base)
 
 
-__all__ = ["Policy", "PolicyRun", "is_abstract", "split_policy", "with_shardings"]
+__all__ = ["LoadedPolicy", "Policy", "PolicyRun", "is_abstract", "load_policy", "split_policy", "with_shardings"]

@@ -71,3 +71,27 @@ def test_policy_run_methods_read_the_state():
     np.testing.assert_array_equal(_logits(run.policy()), _logits(pol.model(run.state.actor)))
     np.testing.assert_array_equal(_logits(run.policy(pol.params)), _logits(pol.reference()))
     assert run.actor_gd is pol.graphdef and run.ref_params is pol.ref_params and run.base is None
+
+
+def test_load_policy_puts_the_checkpoint_with_its_adapters_on_the_mesh(stories_model):
+    from safetensors.numpy import load_file
+
+    from jaxppo.config import load_config
+    from jaxppo.hf.from_config import load_tokenizer_of
+    from jaxppo.trainer.policy import load_policy
+
+    cfg = load_config(None, [f"model.path={stories_model}", "model.lora.rank=2", "mesh.data=2", "trainer.seed=3"])
+    devices = jax.devices()[:2]
+    tok = load_tokenizer_of(cfg.model)
+    loaded = load_policy(cfg, devices, tokenizer=tok)
+    assert loaded.tokenizer is tok and loaded.model_path == str(stories_model)
+    assert dict(loaded.mesh.shape)["data"] == 2 and set(loaded.mesh.devices.flat) == set(devices)
+    assert loaded.model.config.lora is not None and loaded.model.config.lora.rank == 2
+    # the checkpoint's weights, not an initialisation
+    emb = load_file(str(next(stories_model.glob("*.safetensors"))))["model.embed_tokens.weight"]
+    np.testing.assert_array_equal(np.asarray(loaded.model.model.embed.get_value()), emb)
+    # the adapters are initialised from trainer.seed: a second load draws the same factors
+    again = load_policy(cfg, devices)
+    a, b = (jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (loaded.model, again.model))
+    assert len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+    assert again.tokenizer is not tok and again.tokenizer("Once upon")["input_ids"] == tok("Once upon")["input_ids"]

@@ -164,7 +164,7 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxppo.data.behaviour import default_cache_dir
-    from jaxppo.hf.paths import resolve_model_path
+    from jaxppo.hf.from_config import load_tokenizer_of
     from jaxppo.models.lora import spec_from_config
     from jaxppo.optim import (
         init_optimizer,
@@ -174,18 +174,14 @@ def build_dpo_run(cfg: Any, *, devices=None) -> DPORun:
         shardings_of,
     )
     from jaxppo.parallel import batch_sharding
-    from jaxppo.trainer.mesh import mesh_from_config
-    from jaxppo.hf.from_config import load_model, load_tokenizer_of
-    from jaxppo.trainer.policy import split_policy
+    from jaxppo.trainer.policy import load_policy, split_policy
 
     devices = list(jax.devices() if devices is None else devices)
     check_dpo_config(cfg, len(devices))
-    mesh, rules = mesh_from_config(cfg.mesh, devices)
-    model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer_of(cfg.model)
-    arrays, group, report = load_pairs(cfg, tokenizer)
-    model = load_model(cfg.model, model_path, mesh=mesh, rules=rules, remat=cfg.model.remat,
-                       adapters_seed=cfg.trainer.seed)
+    arrays, group, report = load_pairs(cfg, tokenizer)   # bad data stops the run before the model loads
+    loaded = load_policy(cfg, devices, tokenizer=tokenizer)
+    mesh, model_path, model = loaded.mesh, loaded.model_path, loaded.model
     cache_dir = cfg.data.cache_dir if cfg.data.cache_dir is not None else default_cache_dir(cfg.data.path)
     arrays["ref_chosen"], arrays["ref_rejected"] = reference_logps(
         arrays, model_path=model_path, model=model, cache_dir=cache_dir, batch_size=cfg.data.behaviour_batch_size,

@@ -26,7 +26,7 @@ from jaxppo.config import ConfigError
 from jaxppo.optim import init_optimizer, lr_schedule, make_optimizer, replicate_leaves, shardings_of
 from jaxppo.trainer.harness import check_rows
 from jaxppo.trainer.micro import check_mesh
-from jaxppo.trainer.policy import Policy, PolicyRun, split_policy
+from jaxppo.trainer.policy import LoadedPolicy, Policy, PolicyRun, load_policy, split_policy
 from jaxppo.data.split import split_data
 from jaxppo.trainer.ppo.buffer_types import BufferItem, example_item, zero_prepared
 from jaxppo.trainer.ppo.critic import build_critic
@@ -181,33 +181,27 @@ def build_run(cfg: Any, *, devices=None) -> Run:
 
     The training rows are ordered so each prompt group is contiguous (``windows.group_order``) and cut into buffer
     windows of whole groups (``windows.group_windows``); with a critic-free estimator no critic is built."""
-    from jaxppo.hf.paths import resolve_model_path
-    from jaxppo.trainer.mesh import mesh_from_config
-    from jaxppo.hf.from_config import load_model, load_tokenizer_of
-
     devices = list(jax.devices() if devices is None else devices)
     hp = check_config(cfg, len(devices))
-    mesh, rules = mesh_from_config(cfg.mesh, devices)
     ensure_data(cfg)
-    model_path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer_of(cfg.model)
-    actor_model = load_model(cfg.model, model_path, mesh=mesh, rules=rules, remat=cfg.model.remat,
-                             adapters_seed=cfg.trainer.seed)
-    train, heldout, report = split_data(cfg, tokenizer, reference_path=model_path, reference=actor_model)
-    return assemble_run(cfg, mesh, rules, tokenizer, model_path, actor_model, train, heldout, report, hp=hp)
+    loaded = load_policy(cfg, devices)
+    train, heldout, report = split_data(cfg, loaded.tokenizer, reference_path=loaded.model_path,
+                                        reference=loaded.model)
+    return assemble_run(cfg, loaded, train, heldout, report, hp=hp)
 
 
-def assemble_run(cfg: Any, mesh, rules: dict, tokenizer, model_path, actor_model, train: dict[str, np.ndarray],
-                 heldout: dict[str, np.ndarray], report, *, hp: StepHP) -> Run:
-    """:func:`build_run` after its I/O: from the loaded (sharded) policy — with its adapters attached
-    (``models.adapters.with_adapters``) when ``model.lora`` asks for them — and the tokenized training / held-out
-    rows to the run (reference log-probs, PF-PPO weights, the filled buffer, the policy split of
+def assemble_run(cfg: Any, loaded: LoadedPolicy, train: dict[str, np.ndarray], heldout: dict[str, np.ndarray],
+                 report, *, hp: StepHP) -> Run:
+    """:func:`build_run` after its I/O: from the loaded (sharded) policy (``trainer.policy.load_policy``) — with its
+    adapters attached (``models.adapters.with_adapters``) when ``model.lora`` asks for them — and the tokenized
+    training / held-out rows to the run (reference log-probs, PF-PPO weights, the filled buffer, the policy split of
     ``trainer.policy.split_policy``, the critic, jitted prepare and step). ``hp``: the config's ``step_hparams``
     (:func:`check_config`). ``benchmarks/device_step.py`` calls it with random weights and synthetic
     rows: the same path as training."""
     from jaxppo.data import compute_behaviour_logprobs
     from jaxppo.models.lora import spec_from_config
 
+    mesh, rules, actor_model = loaded.mesh, loaded.rules, loaded.model
     spec = spec_from_config(cfg.model.lora)
     if spec is not None and actor_model.config.lora is None:
         raise ValueError("assemble_run: model.lora.rank > 0 but the policy has no adapters; attach them first "
@@ -250,7 +244,7 @@ def assemble_run(cfg: Any, mesh, rules: dict, tokenizer, model_path, actor_model
         logger.info("LoRA rank %d on %s: %d trainable parameters of %d (%.3f%%); frozen base shared by the "
                     "reference%s", spec.rank, ",".join(spec.targets), trainable, total, 100.0 * trainable / total,
                     " and the critic" if with_critic and not cfg.critic.share_trunk else "")
-    return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=tokenizer, model_path=model_path, parts=pol,
+    return Run(cfg=cfg, mesh=mesh, rules=rules, tokenizer=loaded.tokenizer, model_path=loaded.model_path, parts=pol,
                critic_gd=critic_gd, state=core.state, prepare=core.prepare, step=core.step, train=train,
                heldout=heldout, n_use=n_use, capacity=capacity, report=report, windows=windows, pf_stats=pf_stats,
                params_trainable=trainable, params_total=total)
