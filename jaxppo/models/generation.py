@@ -17,8 +17,12 @@ transformers' logits warpers):
 ``temperature == 0`` is greedy: ``y = argmax z`` and the returned log-prob is the model's own
 ``log_softmax(z)[y]`` (the point mass of greedy decoding carries no information).
 
+Beside ``log q(y)`` each step returns ``log π(y) = log_softmax(z)[y]``, the model's own log-prob of the token
+(float32 logits, no temperature, top-k or top-p): the policy term of a KL estimate on the samples, without a
+second forward pass. With temperature 1 and neither top-k nor top-p, ``q = π``.
+
 After a row emits an EOS token (any of ``eos_token_id``) its later tokens are ``pad_token_id``,
-with mask 0 and log-prob 0; the EOS itself has mask 1.
+with mask 0 and both log-probs 0; the EOS itself has mask 1.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from jaxppo.models.layers import positions_from_mask
 
 
 class GenerationOutput(NamedTuple):
-    """``tokens`` [B, N] int32, ``logprobs`` [B, N] float32, ``mask`` [B, N] int32 (1 through the EOS)."""
+    """``tokens`` [B, N] int32, ``logprobs`` [B, N] float32 (``log q``, the sampling distribution's), ``mask``
+    [B, N] int32 (1 through the EOS), ``model_logprobs`` [B, N] float32 (``log π``, the model's own; module doc)."""
 
     tokens: jax.Array
     logprobs: jax.Array
     mask: jax.Array
+    model_logprobs: jax.Array
 
 
 def _eos_tuple(eos_token_id) -> tuple[int, ...]:
@@ -169,19 +175,23 @@ def _generate(graphdef, state, prompt_ids, prompt_mask, key, temperature, top_p,
     start_pos = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # position of the first new token
 
     def emit(i, logits, bufs, done):
-        tokens, logps, mask = bufs
+        tokens, logps, mask, model_logps = bufs
         tok, lp = sample(logits, jax.random.fold_in(key, i))
+        own = token_logprob(logits.astype(jnp.float32), tok)
         live = ~done
         tok = jnp.where(live, tok, pad_token_id).astype(jnp.int32)
         lp = jnp.where(live, lp, 0.0)
+        own = jnp.where(live, own, 0.0)
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok, i, 1)
         logps = jax.lax.dynamic_update_index_in_dim(logps, lp, i, 1)
         mask = jax.lax.dynamic_update_index_in_dim(mask, live.astype(jnp.int32), i, 1)
+        model_logps = jax.lax.dynamic_update_index_in_dim(model_logps, own, i, 1)
         if eos:
             done = done | (live & jnp.any(tok[:, None] == eos_arr[None, :], axis=-1))
-        return tok, (tokens, logps, mask), done
+        return tok, (tokens, logps, mask, model_logps), done
 
-    bufs = (jnp.full((b, n), pad_token_id, jnp.int32), jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.int32))
+    bufs = (jnp.full((b, n), pad_token_id, jnp.int32), jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.int32),
+            jnp.zeros((b, n), jnp.float32))
     tok, bufs, done = emit(0, logits, bufs, jnp.zeros((b,), bool))
 
     def cond(carry):
@@ -230,7 +240,8 @@ def generate(model, prompt_ids, prompt_mask, key: jax.Array, *, max_new_tokens: 
     ``model``: a ``jaxppo.models.CausalLM`` (any param/compute dtype, possibly sharded).
     ``prompt_ids``/``prompt_mask`` [B, P], left-padded; ``key`` a PRNG key (step i uses ``fold_in(key, i)``).
     ``temperature`` 0 = greedy; ``top_k`` 0 = off; ``top_p`` 1 = off; ``eos_token_id`` None = never stop.
-    Returns ``GenerationOutput(tokens [B, N] int32, logprobs [B, N] float32, mask [B, N] int32)``, see
+    Returns ``GenerationOutput(tokens [B, N] int32, logprobs [B, N] float32, mask [B, N] int32, model_logprobs
+    [B, N] float32)``, see
     the module docstring for the sampling distribution and the EOS/mask convention. Shapes, the
     model structure and the static options (greedy or not, ``top_k``, top-p on/off, EOS ids) key the
     compilation cache; temperature, top_p values and the key do not cause recompiles.

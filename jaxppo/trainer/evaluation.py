@@ -180,8 +180,11 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
     its first row (one compiled shape) and cut. Returns ``rewards`` (np.float32 [N]), ``kl`` (float,
     k1 over all generated tokens), ``response_length`` (mean generated tokens, EOS included),
     ``responses`` (decoded with ``skip_special_tokens=True``), ``prompts`` (decoded prompts) and the
-    generated ``response_ids``/``response_mask`` (np.int32 [N, max_new_tokens]). ``packing``: the KL passes run on
-    packed rows (``jaxppo.data.behaviour.packed_chunk_logprobs``; the same log-probs up to float32 summation order).
+    generated ``response_ids``/``response_mask`` (np.int32 [N, max_new_tokens]). The KL's policy term is the
+    generator's ``model_logprobs`` (``log π`` of each sampled token, computed while sampling); the reference's
+    log-probs take one pass over the samples (none when ``ref_model`` is ``model`` itself: the KL is then 0).
+    ``packing``: that pass runs on packed rows (``jaxppo.data.behaviour.packed_chunk_logprobs``; the same log-probs
+    up to float32 summation order).
     """
     from jaxppo.models import generate  # the decode loop (KV cache, jitted)
 
@@ -208,14 +211,14 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
                        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                        eos_token_id=eos_token_id, pad_token_id=pad_token_id)
         r_ids, r_mask = out.tokens, out.mask
-        lp_fn = _logprobs
-        if packing and hasattr(model, "packed_logprobs") and hasattr(ref_model, "packed_logprobs"):
-            r_ids, r_mask = to_host(r_ids).astype(np.int32), to_host(r_mask).astype(np.int32)
-            lp_fn = _packed_logprobs
-        pol_lp = lp_fn(model, pol_gd, pol_state, p_ids, p_mask, r_ids, r_mask)
-        # the same function of the same arrays gives the same numbers: skip the second pass when the
-        # policy is the reference itself (the "before" evaluation); its KL is then exactly 0
-        ref_lp = pol_lp if same else lp_fn(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
+        pol_lp = out.model_logprobs
+        if same:   # the policy is the reference itself (the "before" evaluation): KL exactly 0, no pass
+            ref_lp = pol_lp
+        elif packing and hasattr(ref_model, "packed_logprobs"):
+            h_ids, h_mask = to_host(r_ids).astype(np.int32), to_host(r_mask).astype(np.int32)
+            ref_lp = _packed_logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, h_ids, h_mask)
+        else:
+            ref_lp = _logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
         num, den = _kl_sums(pol_lp, ref_lp, r_mask)
         tokens.append(to_host(r_ids)[:m])
         masks.append(to_host(r_mask)[:m])

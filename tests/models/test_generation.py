@@ -135,6 +135,11 @@ def test_sampled_logprobs_equal_teacher_forced_log_softmax(temperature):
     expected = np.take_along_axis(_log_softmax(logits / temperature), toks[..., None], -1)[..., 0]
     np.testing.assert_allclose(lps, expected, atol=2e-4)
     assert len(np.unique(toks)) > 3  # it really sampled
+    # the model's own log-prob of the sampled token: log_softmax of the untempered logits
+    own = np.take_along_axis(_log_softmax(logits), toks[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(out.model_logprobs), own, atol=2e-4)
+    if temperature != 1.0:
+        assert np.abs(own - expected).max() > 1e-2   # log q and log π differ when q is tempered
 
 
 @pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.6), (4, 0.5)])
@@ -154,6 +159,7 @@ def test_top_k_top_p_sample_only_allowed_tokens(top_k, top_p):
             assert keep[toks[b, i]], (b, i, toks[b, i])
             zk = np.where(keep, z[b, i], -np.inf)
             np.testing.assert_allclose(lps[b, i], _log_softmax(zk)[toks[b, i]], atol=2e-4)
+            np.testing.assert_allclose(out.model_logprobs[b, i], _log_softmax(z[b, i] * t)[toks[b, i]], atol=2e-4)
     assert max(n_allowed) > 1  # filtering left a real choice somewhere
 
 
@@ -222,13 +228,14 @@ def test_eos_stops_rows_and_masks_after():
     for eos in ([int(base[0, 3]), int(base[1, 1])],):
         out = generate(model, ids, mask, jax.random.key(0), max_new_tokens=8, temperature=0.0,
                        eos_token_id=eos, pad_token_id=pad)
-        toks, lps, m = (np.asarray(x) for x in out)
+        toks, lps, m, own = (np.asarray(x) for x in out)
+        np.testing.assert_array_equal(own, lps)   # greedy: the returned log-prob is the model's own
         for b in range(3):
             hits = [i for i in range(8) if base[b, i] in eos]
             stop = hits[0] + 1 if hits else 8  # tokens kept, EOS included
             np.testing.assert_array_equal(toks[b, :stop], base[b, :stop])
             np.testing.assert_array_equal(m[b], (np.arange(8) < stop).astype(np.int32))
-            assert (toks[b, stop:] == pad).all() and (lps[b, stop:] == 0).all()
+            assert (toks[b, stop:] == pad).all() and (lps[b, stop:] == 0).all() and (own[b, stop:] == 0).all()
             assert (lps[b, :stop] < 0).all()
         assert m[0].sum() < 8  # row 0 did stop early
 

@@ -189,6 +189,20 @@ def test_evaluate_policy_rewards_kl_and_lengths():
     assert out["kl"] == pytest.approx(num / lengths.sum(), rel=1e-3, abs=1e-5)
 
 
+def test_evaluate_policy_kl_is_the_models_own_log_probs_under_tempered_top_k_sampling():
+    """The KL's policy term is ``log π`` of the sampled tokens (untempered), not the sampling distribution's."""
+    pol, ref = _tiny(0), _tiny(1)
+    arr = _arrays(29, seed=6)
+    rf = lambda prompts, responses: np.zeros(len(responses), np.float32)  # noqa: E731
+    out = evaluate_policy(pol, ref, CharTokenizer(), arr["prompt_ids"], arr["prompt_mask"], rf, jax.random.key(3),
+                          max_new_tokens=6, temperature=0.7, top_k=5, eos_token_id=2, pad_token_id=0, batch_size=2)
+    rid, lengths = out["response_ids"], out["response_mask"].sum(1)
+    rows = [(arr["prompt_ids"][b][arr["prompt_mask"][b] == 1], rid[b, :lengths[b]]) for b in range(len(rid))]
+    lp_pol, lp_ref = _right_padded_logprobs(pol, rows), _right_padded_logprobs(ref, rows)
+    num = sum((a - b).sum() for a, b in zip(lp_pol, lp_ref))
+    assert out["kl"] == pytest.approx(num / lengths.sum(), rel=1e-4, abs=1e-6)
+
+
 def test_evaluate_policy_packed_kl_equals_padded():
     """``packing=True`` (``data.packing``): the same samples (the same key) and the same KL through packed rows."""
     pol, ref = _tiny(0), _tiny(1)
