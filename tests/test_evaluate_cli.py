@@ -86,7 +86,9 @@ def runs(tmp_path_factory, stories, data_file):
 def test_self_evaluation_has_zero_gain_and_zero_kl(runs):
     for name in ("self", "copy"):
         r, samples = runs[name]
-        assert r["eval/kl"] == 0.0, name  # same weights, same key -> same samples and log-probs
+        # same weights, same key -> same samples; the reference against itself runs no log-prob pass (KL exactly 0),
+        # a copy's policy term comes from the generator and the reference's from a full pass: equal to float rounding
+        assert r["eval/kl"] == 0.0 if name == "self" else abs(r["eval/kl"]) < 1e-6, (name, r["eval/kl"])
         assert r["eval/reward_gain"] == 0.0
         lo, hi = r["eval/reward_gain_ci95"]
         assert lo <= 0.0 <= hi

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -84,7 +86,7 @@ def test_load_policy_puts_the_checkpoint_with_its_adapters_on_the_mesh(stories_m
     devices = jax.devices()[:2]
     tok = load_tokenizer_of(cfg.model)
     loaded = load_policy(cfg, devices, tokenizer=tok)
-    assert loaded.tokenizer is tok and loaded.model_path == str(stories_model)
+    assert loaded.tokenizer is tok and Path(loaded.model_path).resolve() == stories_model.resolve()
     assert dict(loaded.mesh.shape)["data"] == 2 and set(loaded.mesh.devices.flat) == set(devices)
     assert loaded.model.config.lora is not None and loaded.model.config.lora.rank == 2
     # the checkpoint's weights, not an initialisation
