@@ -214,9 +214,9 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
         pol_lp = out.model_logprobs
         if same:   # the policy is the reference itself (the "before" evaluation): KL exactly 0, no pass
             ref_lp = pol_lp
-        elif packing and hasattr(ref_model, "packed_logprobs"):
-            h_ids, h_mask = to_host(r_ids).astype(np.int32), to_host(r_mask).astype(np.int32)
-            ref_lp = _packed_logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, h_ids, h_mask)
+        elif packing and hasattr(ref_model, "packed_logprobs"):   # planned on the host: fetch the samples once
+            r_ids, r_mask = to_host(r_ids).astype(np.int32), to_host(r_mask).astype(np.int32)
+            ref_lp = _packed_logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
         else:
             ref_lp = _logprobs(ref_model, ref_gd, ref_state, p_ids, p_mask, r_ids, r_mask)
         num, den = _kl_sums(pol_lp, ref_lp, r_mask)
