@@ -23,6 +23,12 @@ second forward pass. With temperature 1 and neither top-k nor top-p, ``q = π``.
 
 After a row emits an EOS token (any of ``eos_token_id``) its later tokens are ``pad_token_id``,
 with mask 0 and both log-probs 0; the EOS itself has mask 1.
+
+Shared prefill: when the rows come in consecutive blocks of ``r`` identical prompts (``prompt_repeats``: ``n``
+samples of each prompt, as collection and evaluation lay them out), the prefill runs on one row per block and its
+cache and next-token logits are repeated ``r`` times; the decode loop then runs on every row as before. The
+sampled tokens and log-probs are those of the row-by-row prefill up to float summation order (the prefill's
+matrix products have ``B/r`` rows instead of ``B``).
 """
 
 from __future__ import annotations
@@ -153,19 +159,33 @@ def sample_from_logits(logits: jax.Array, key: jax.Array, *, greedy: bool, tempe
 TRACE_COUNT = {"generate": 0}  # incremented at trace time; tests use it to check there is no recompilation
 
 
-@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "top_k", "use_top_p", "eos"))
+def prompt_repeats(prompt_ids: np.ndarray, prompt_mask: np.ndarray) -> int:
+    """The largest ``r`` such that the rows are consecutive blocks of ``r`` identical rows (``prompt_ids`` and
+    ``prompt_mask`` both equal): the greatest common divisor of the lengths of the runs of equal rows (1 when
+    some row differs from both neighbours)."""
+    ids, mask = np.asarray(prompt_ids), np.asarray(prompt_mask)
+    if ids.shape[0] < 2:
+        return 1
+    same = np.all(ids[1:] == ids[:-1], axis=1) & np.all(mask[1:] == mask[:-1], axis=1)
+    starts = np.flatnonzero(np.concatenate([[True], ~same, [True]]))
+    return int(np.gcd.reduce(np.diff(starts)))
+
+
+@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "top_k", "use_top_p", "eos", "repeats"))
 def _generate(graphdef, state, prompt_ids, prompt_mask, key, temperature, top_p, pad_token_id, *,
-              max_new_tokens: int, greedy: bool, top_k: int, use_top_p: bool, eos: tuple[int, ...]):
+              max_new_tokens: int, greedy: bool, top_k: int, use_top_p: bool, eos: tuple[int, ...],
+              repeats: int = 1):
+    """``prompt_ids``/``prompt_mask`` [B/r, P]: one row per block of ``repeats`` identical prompts (module doc)."""
     TRACE_COUNT["generate"] += 1
     model = nnx.merge(graphdef, state)
     trunk = model.model
-    b, p = prompt_ids.shape
+    b, p = prompt_ids.shape[0] * repeats, prompt_ids.shape[1]
     n = max_new_tokens
     sample = partial(sample_from_logits, greedy=greedy, temperature=temperature, top_k=top_k,
                      use_top_p=use_top_p, top_p=top_p)
     eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
 
-    cache = trunk.init_cache(b, p + n)
+    cache = trunk.init_cache(prompt_ids.shape[0], p + n)
     # unrolled layers: slice the stacked weights once here, so the decode loop reads loop-invariant per-layer
     # arrays instead of copying every layer's weights out of the stack at each token
     layer_params = trunk.layers.layer_params(trunk.compute_dtype) if model.config.unroll_layers else None
@@ -173,6 +193,9 @@ def _generate(graphdef, state, prompt_ids, prompt_mask, key, temperature, top_p,
                                     layer_params)
     logits = model.logits_from_hidden(h[:, -1:])[:, 0]
     start_pos = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # position of the first new token
+    if repeats > 1:   # the shared prefill's outputs, one copy per row of its block
+        cache = cache.repeat_rows(repeats)
+        logits, start_pos = jnp.repeat(logits, repeats, axis=0), jnp.repeat(start_pos, repeats, axis=0)
 
     def emit(i, logits, bufs, done):
         tokens, logps, mask, model_logps = bufs
@@ -234,7 +257,7 @@ def _check_prompt(prompt_ids, prompt_mask) -> tuple[np.ndarray, np.ndarray] | No
 
 def generate(model, prompt_ids, prompt_mask, key: jax.Array, *, max_new_tokens: int, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, eos_token_id: int | Sequence[int] | None = None,
-             pad_token_id: int = 0) -> GenerationOutput:
+             pad_token_id: int = 0, share_prefill: bool = True) -> GenerationOutput:
     """Generate ``max_new_tokens`` tokens after each left-padded prompt with a KV cache.
 
     ``model``: a ``jaxppo.models.CausalLM`` (any param/compute dtype, possibly sharded).
@@ -245,6 +268,8 @@ def generate(model, prompt_ids, prompt_mask, key: jax.Array, *, max_new_tokens: 
     the module docstring for the sampling distribution and the EOS/mask convention. Shapes, the
     model structure and the static options (greedy or not, ``top_k``, top-p on/off, EOS ids) key the
     compilation cache; temperature, top_p values and the key do not cause recompiles.
+    ``share_prefill``: rows in blocks of ``r > 1`` identical prompts prefill once per block (module docstring;
+    ``r`` = :func:`prompt_repeats`, which also keys the compilation cache); False prefills every row.
     """
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -262,7 +287,8 @@ def generate(model, prompt_ids, prompt_mask, key: jax.Array, *, max_new_tokens: 
     ids, mask = _check_prompt(prompt_ids, prompt_mask)
     graphdef, state = nnx.split(model)
     greedy = float(temperature) == 0.0
-    return _generate(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), key,
+    r = prompt_repeats(ids, mask) if share_prefill else 1
+    return _generate(graphdef, state, jnp.asarray(ids[::r], jnp.int32), jnp.asarray(mask[::r], jnp.int32), key,
                      jnp.float32(temperature if not greedy else 1.0), jnp.float32(top_p), jnp.int32(pad_token_id),
                      max_new_tokens=int(max_new_tokens), greedy=greedy, top_k=int(top_k),
-                     use_top_p=float(top_p) < 1.0, eos=eos)
+                     use_top_p=float(top_p) < 1.0, eos=eos, repeats=r)

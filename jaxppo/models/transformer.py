@@ -40,6 +40,17 @@ class KVCache(NamedTuple):
     v: jax.Array | tuple[jax.Array, ...]
     valid: jax.Array
 
+    def repeat_rows(self, repeats: int) -> "KVCache":
+        """Each batch row ``repeats`` times in a row (row ``b`` becomes rows ``b·r .. b·r + r − 1``), in either
+        layout: the cache of a batch whose rows repeat each prompt ``repeats`` times, from the prompts' own."""
+        def rep(x: jax.Array, axis: int) -> jax.Array:
+            return jnp.repeat(x, repeats, axis=axis)
+
+        def kv(x):
+            return tuple(rep(a, 0) for a in x) if isinstance(x, tuple) else rep(x, 1)
+
+        return KVCache(kv(self.k), kv(self.v), rep(self.valid, 0))
+
 
 def layer_param_shapes(cfg: LMConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...], str]]:
     """name -> (shape, logical axes, init) of the stacked per-layer parameters (leading axis = layers)."""

@@ -370,3 +370,100 @@ def test_compiled_sampler_has_no_variadic_argmax_reduction(greedy):
     # and the pattern does catch jnp.argmax's lowering
     old = jax.jit(lambda lg: jnp.argmax(lg, axis=-1)).lower(jnp.zeros((4, 512))).compile().as_text()
     assert re.search(r"= \(\S+, \S+\) reduce\(", old) is not None
+
+
+# ----------------------------------------------------------------------------- shared prefill
+
+def _repeats(rows, masks=None) -> int:
+    ids = np.asarray(rows, np.int32)
+    return gen.prompt_repeats(ids, np.ones_like(ids) if masks is None else np.asarray(masks, np.int32))
+
+
+def test_prompt_repeats_hand_cases():
+    a, b = [5, 6, 7], [8, 9, 10]
+    assert _repeats([a, a, b, b]) == 2
+    assert _repeats([a, a, a, b, b, b]) == 3
+    assert _repeats([a, a, a, a]) == 4
+    assert _repeats([a, b]) == 1
+    assert _repeats([a, a, b]) == 1
+    assert _repeats([a]) == 1
+    assert _repeats([a, a, b, b, b, b]) == 2       # runs of 2 and 4: blocks of 2
+    assert _repeats([a, a, b, b, a, a]) == 2       # a prompt that comes back later starts a block of its own
+    assert _repeats([a, a], [[1, 1, 1], [0, 1, 1]]) == 1   # equal ids, different masks: different rows
+
+
+def _blocks_equal(ids: np.ndarray, r: int) -> bool:
+    return ids.shape[0] % r == 0 and all((ids[k:k + r] == ids[k]).all() for k in range(0, ids.shape[0], r))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 6)), min_size=1, max_size=6))
+def test_prompt_repeats_is_the_largest_block_size(runs):
+    """Rows made of runs of prompts (a prompt may follow itself): the result is the largest ``r`` whose consecutive
+    blocks of ``r`` rows are each one prompt, by brute force over every divisor of the row count."""
+    prompts = np.array([[3, 4], [5, 6], [7, 8]], np.int32)
+    ids = np.concatenate([np.repeat(prompts[p:p + 1], n, axis=0) for p, n in runs])
+    r = gen.prompt_repeats(ids, np.ones_like(ids))
+    best = max(d for d in range(1, ids.shape[0] + 1) if _blocks_equal(ids, d))
+    assert r == best
+
+
+def _shared_and_per_row(model, ids, mask, **kw):
+    kw = dict(max_new_tokens=N_NEW, eos_token_id=None, **kw)
+    return [generate(model, ids, mask, jax.random.key(11), share_prefill=s, **kw) for s in (True, False)]
+
+
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.8, top_k=7, top_p=0.9)])
+def test_shared_prefill_equals_the_per_row_prefill(family, scan, sampling):
+    """Three prompts (7, 4 and 1 real tokens) x 4 samples each: prefilling once per prompt gives the tokens, mask and
+    both log-probs of prefilling every row (both cache layouts, greedy and sampled)."""
+    model = tiny_lm(family, seed=5, scan_layers=scan)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(7, 4, 1), width=7, seed=4)
+    ids, mask = np.repeat(ids, 4, axis=0), np.repeat(mask, 4, axis=0)
+    shared, rows = _shared_and_per_row(model, ids, mask, **sampling)
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(rows.tokens))
+    np.testing.assert_array_equal(np.asarray(shared.mask), np.asarray(rows.mask))
+    np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(rows.logprobs), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(shared.model_logprobs), np.asarray(rows.model_logprobs), atol=1e-5)
+    if sampling["temperature"] > 0:   # the 4 samples of one prompt differ: each row draws its own noise
+        t = np.asarray(shared.tokens).reshape(3, 4, N_NEW)
+        assert any(len({tuple(s) for s in t[g]}) > 1 for g in range(3))
+
+
+def test_shared_prefill_runs_on_one_row_per_prompt(monkeypatch):
+    """generate hands the compiled program one row per block of equal prompts and the block size; with
+    share_prefill=False, every row and 1."""
+    seen = []
+    real = gen._generate
+
+    def spy(graphdef, state, prompt_ids, *args, **kw):
+        seen.append((tuple(prompt_ids.shape), kw["repeats"]))
+        return real(graphdef, state, prompt_ids, *args, **kw)
+
+    monkeypatch.setattr(gen, "_generate", spy)
+    model = tiny_lm("llama", seed=5)
+    ids, mask = left_padded_prompts(model.config.vocab_size, lengths=(7, 4, 1), width=7, seed=4)
+    ids, mask = np.repeat(ids, 2, axis=0), np.repeat(mask, 2, axis=0)
+    out = generate(model, ids, mask, jax.random.key(0), max_new_tokens=3)
+    generate(model, ids, mask, jax.random.key(0), max_new_tokens=3, share_prefill=False)
+    assert seen == [((3, 7), 2), ((6, 7), 1)]
+    assert out.tokens.shape == (6, 3)
+
+
+def test_shared_prefill_on_a_mesh_equals_one_device():
+    """The model sharded over 8 devices (data 2 x fsdp 4) with 3 prompts x 4 samples (3 prefill rows do not split
+    over the data axis): the same samples as one device's row-by-row prefill."""
+    from jaxppo.models import shard_model
+    from jaxppo.parallel import make_mesh
+
+    ids, mask = left_padded_prompts(tiny_lm("llama").config.vocab_size, lengths=(7, 4, 1), width=7, seed=4)
+    ids, mask = np.repeat(ids, 4, axis=0), np.repeat(mask, 4, axis=0)
+    kw = dict(max_new_tokens=N_NEW, temperature=0.8, top_k=7)
+    one = generate(tiny_lm("llama", seed=5), ids, mask, jax.random.key(3), share_prefill=False, **kw)
+    mesh = make_mesh(2, 4, 1)
+    sharded = shard_model(tiny_lm("llama", seed=5), mesh)
+    out = generate(sharded, ids, mask, jax.random.key(3), **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=1e-5)

@@ -25,8 +25,8 @@ def test_report_statistics_are_within_their_binomial_bounds():
 
 
 def test_the_old_efficiency_interval_fails_its_bound():
-    """Issue 19's setting: grid 0/128/256/384, 5 seeds, sd 0.065 -> the old interval excludes 1 far more often
-    than 5% of A/A sweeps."""
+    """The earlier default design (grid 0/128/256/384, 5 seeds, sd 0.065): the old efficiency interval excludes 1 in
+    far more than 5% of A/A sweeps."""
     doc = C.run(C.default_model(budget=384, points=3), seeds=[5], n=200, seed=0, legacy_resamples=200)
     legacy = doc["designs"][0]["legacy"]["legacy_efficiency_interval"]
     assert not legacy["ok"] and legacy["rate"] > 0.08 and not doc["legacy_ok"]
