@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from jaxppo.data.report import DataReport
+from jaxppo.models.sharding import batch_multiple
 from jaxppo.parallel.host import all_processes, to_host
 
 logger = logging.getLogger("jaxppo.data")
@@ -56,7 +57,9 @@ def _logprobs_pure(graphdef, state, prompt_ids, prompt_mask, response_ids, respo
 
 def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarray], *,
                                batch_size: int = 32, packing: bool = False) -> np.ndarray:
-    """Response-token log-probs [N, R] float32 of ``arrays`` under ``model`` (batched, jitted).
+    """Response-token log-probs [N, R] float32 of ``arrays`` under ``model`` (batched, jitted). A causal LM runs the
+    prompt of each block of rows that repeat it once (``jaxppo.models.shared_prompts``: ``n`` samples of a prompt in
+    consecutive rows); the same log-probs up to float32 summation order.
 
     ``packing`` (a causal LM only): each batch of ``batch_size`` rows runs as packed rows without padding
     (:func:`packed_chunk_logprobs`); the same log-probs up to float32 summation order.
@@ -65,22 +68,22 @@ def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarra
     if n == 0:
         return np.zeros((0, arrays["response_ids"].shape[1]), np.float32)
     graphdef, state = nnx.split(model)
-    # a causal LM reads only the R response positions through its LM head (one shared jit, see
-    # jaxppo.models.transformer.continuation_logprobs); any other callable model takes the generic path
+    # a causal LM reads only the R response positions through its LM head, each block of rows that repeat one
+    # prompt running it once (jaxppo.models.shared_prompts.rows_logprobs); any other callable model takes the
+    # generic path
     from jaxppo.models.packing import ProgramLog
-    from jaxppo.models.transformer import continuation_logprobs
+    from jaxppo.models.shared_prompts import rows_logprobs
 
     packed = packing and hasattr(model, "packed_logprobs")
-    fn = continuation_logprobs if hasattr(model, "continuation_logprobs") else _logprobs_pure
+    fn = rows_logprobs if hasattr(model, "shared_prefix_logprobs") else _logprobs_pure
     programs = ProgramLog()
-    multiple = batch_multiple(state)
     bs = min(batch_size, n)
     out = []
     for start in range(0, n, bs):
         chunk = [np.asarray(arrays[k][start:start + bs]) for k in _TOKEN_KEYS]
         m = chunk[0].shape[0]
         if packed:
-            lp = packed_chunk_logprobs(graphdef, state, chunk, bs, multiple, programs)
+            lp = packed_chunk_logprobs(graphdef, state, chunk, bs, batch_multiple(state), programs)
         else:
             if m < bs:  # keep one compiled shape
                 chunk = [np.concatenate([c, np.repeat(c[:1], bs - m, axis=0)]) for c in chunk]
@@ -89,19 +92,6 @@ def compute_behaviour_logprobs(model: nnx.Module, arrays: Mapping[str, np.ndarra
     if packed:
         programs.log("behaviour log-prob pass")
     return np.concatenate(out).astype(np.float32)
-
-
-def batch_multiple(state: Any) -> int:
-    """The size of the batch axes (``data × fsdp``) of the mesh the model's parameters live on (1 off a mesh):
-    packed row counts are rounded up to a multiple of it, so the rows split evenly over the devices."""
-    from jaxppo.models.sharding import mesh_of
-    from jaxppo.parallel import BATCH_AXES
-
-    for leaf in jax.tree.leaves(state):
-        mesh = mesh_of(leaf) if isinstance(leaf, jax.Array) else None
-        if mesh is not None:
-            return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.shape]))
-    return 1
 
 
 def packed_chunk_logprobs(graphdef, state, chunk: list[np.ndarray], rows: int, multiple: int = 1,

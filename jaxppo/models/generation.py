@@ -24,11 +24,11 @@ second forward pass. With temperature 1 and neither top-k nor top-p, ``q = π``.
 After a row emits an EOS token (any of ``eos_token_id``) its later tokens are ``pad_token_id``,
 with mask 0 and both log-probs 0; the EOS itself has mask 1.
 
-Shared prefill: when the rows come in consecutive blocks of ``r`` identical prompts (``prompt_repeats``: ``n``
-samples of each prompt, as collection and evaluation lay them out), the prefill runs on one row per block and its
-cache and next-token logits are repeated ``r`` times; the decode loop then runs on every row as before. The
-sampled tokens and log-probs are those of the row-by-row prefill up to float summation order (the prefill's
-matrix products have ``B/r`` rows instead of ``B``).
+Shared prefill: when the rows come in consecutive blocks of ``r`` identical prompts (``n`` samples of each prompt,
+as collection and evaluation lay them out; ``r`` from ``jaxppo.models.shared_prompts.shared_rows``), the prefill
+runs on one row per block and its cache and next-token logits are repeated ``r`` times; the decode loop then runs
+on every row as before. The sampled tokens and log-probs are those of the row-by-row prefill up to float
+summation order (the prefill's matrix products have ``B/r`` rows instead of ``B``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from jaxppo.models.layers import positions_from_mask
+from jaxppo.models.shared_prompts import shared_rows
 
 
 class GenerationOutput(NamedTuple):
@@ -159,18 +160,6 @@ def sample_from_logits(logits: jax.Array, key: jax.Array, *, greedy: bool, tempe
 TRACE_COUNT = {"generate": 0}  # incremented at trace time; tests use it to check there is no recompilation
 
 
-def prompt_repeats(prompt_ids: np.ndarray, prompt_mask: np.ndarray) -> int:
-    """The largest ``r`` such that the rows are consecutive blocks of ``r`` identical rows (``prompt_ids`` and
-    ``prompt_mask`` both equal): the greatest common divisor of the lengths of the runs of equal rows (1 when
-    some row differs from both neighbours)."""
-    ids, mask = np.asarray(prompt_ids), np.asarray(prompt_mask)
-    if ids.shape[0] < 2:
-        return 1
-    same = np.all(ids[1:] == ids[:-1], axis=1) & np.all(mask[1:] == mask[:-1], axis=1)
-    starts = np.flatnonzero(np.concatenate([[True], ~same, [True]]))
-    return int(np.gcd.reduce(np.diff(starts)))
-
-
 @partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "greedy", "top_k", "use_top_p", "eos", "repeats"))
 def _generate(graphdef, state, prompt_ids, prompt_mask, key, temperature, top_p, pad_token_id, *,
               max_new_tokens: int, greedy: bool, top_k: int, use_top_p: bool, eos: tuple[int, ...],
@@ -269,7 +258,7 @@ def generate(model, prompt_ids, prompt_mask, key: jax.Array, *, max_new_tokens: 
     model structure and the static options (greedy or not, ``top_k``, top-p on/off, EOS ids) key the
     compilation cache; temperature, top_p values and the key do not cause recompiles.
     ``share_prefill``: rows in blocks of ``r > 1`` identical prompts prefill once per block (module docstring;
-    ``r`` = :func:`prompt_repeats`, which also keys the compilation cache); False prefills every row.
+    ``r`` = ``shared_prompts.shared_rows``, which also keys the compilation cache); False prefills every row.
     """
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -287,7 +276,7 @@ def generate(model, prompt_ids, prompt_mask, key: jax.Array, *, max_new_tokens: 
     ids, mask = _check_prompt(prompt_ids, prompt_mask)
     graphdef, state = nnx.split(model)
     greedy = float(temperature) == 0.0
-    r = prompt_repeats(ids, mask) if share_prefill else 1
+    r = shared_rows(ids, mask, state, share_prefill)
     return _generate(graphdef, state, jnp.asarray(ids[::r], jnp.int32), jnp.asarray(mask[::r], jnp.int32), key,
                      jnp.float32(temperature if not greedy else 1.0), jnp.float32(top_p), jnp.int32(pad_token_id),
                      max_new_tokens=int(max_new_tokens), greedy=greedy, top_k=int(top_k),

@@ -86,6 +86,19 @@ def mesh_of(x: jax.Array):
     return None if mesh is None or mesh.empty else mesh
 
 
+def batch_multiple(state) -> int:
+    """The size of the batch axes (``data × fsdp``) of the mesh the model's parameters ``state`` live on (1 off a
+    mesh): packed row counts are rounded up to a multiple of it, and shared-prompt passes use it, so the rows split
+    evenly over the devices."""
+    import numpy as np
+
+    for leaf in jax.tree.leaves(state):
+        mesh = mesh_of(leaf) if isinstance(leaf, jax.Array) else None
+        if mesh is not None:
+            return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.shape]))
+    return 1
+
+
 def constrain_batch(x: jax.Array, mesh) -> jax.Array:
     """``x`` with its leading axis split over ``BATCH_AXES`` (``data × fsdp``) of ``mesh``, other axes replicated
     (``jax.lax.with_sharding_constraint``; values unchanged). A no-op when ``mesh`` is None, lacks those axes,

@@ -139,18 +139,19 @@ def _generic_logprobs(graphdef, state, prompt_ids, prompt_mask, response_ids, re
 
 
 def _logprobs(model: nnx.Module, graphdef, state, *arrays):
-    """Response log-probs of ``model`` (split as ``graphdef, state``); a causal LM uses the jit shared with the
-    reference/perplexity passes (``jaxppo.models.transformer.continuation_logprobs``: LM head on the response
-    positions only)."""
-    from jaxppo.models.transformer import continuation_logprobs
+    """Response log-probs of ``model`` (split as ``graphdef, state``) on host rows; a causal LM uses the passes
+    shared with the reference/perplexity passes (``jaxppo.models.shared_prompts.rows_logprobs``: LM head on the
+    response positions only, each prompt's samples with the prompt run once)."""
+    from jaxppo.models.shared_prompts import rows_logprobs
 
-    fn = continuation_logprobs if hasattr(model, "continuation_logprobs") else _generic_logprobs
+    fn = rows_logprobs if hasattr(model, "shared_prefix_logprobs") else _generic_logprobs
     return fn(graphdef, state, *arrays)
 
 
 def _packed_logprobs(model: nnx.Module, graphdef, state, *arrays):
     """:func:`_logprobs` through packed rows (host arrays in; ``jaxppo.data.behaviour.packed_chunk_logprobs``)."""
-    from jaxppo.data.behaviour import batch_multiple, packed_chunk_logprobs
+    from jaxppo.data.behaviour import packed_chunk_logprobs
+    from jaxppo.models.sharding import batch_multiple
 
     return packed_chunk_logprobs(graphdef, state, list(arrays), arrays[0].shape[0], batch_multiple(state))
 

@@ -5,12 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxppo.models import generate, sample_from_logits
 from jaxppo.models import generation as gen
 from jaxppo.models.generation import TRACE_COUNT
+from jaxppo.models.shared_prompts import shared_rows
 from tests.models.tiny_lm import FAMILIES, left_padded_prompts, tiny_lm
 
 N_NEW = 6
@@ -374,40 +376,6 @@ def test_compiled_sampler_has_no_variadic_argmax_reduction(greedy):
 
 # ----------------------------------------------------------------------------- shared prefill
 
-def _repeats(rows, masks=None) -> int:
-    ids = np.asarray(rows, np.int32)
-    return gen.prompt_repeats(ids, np.ones_like(ids) if masks is None else np.asarray(masks, np.int32))
-
-
-def test_prompt_repeats_hand_cases():
-    a, b = [5, 6, 7], [8, 9, 10]
-    assert _repeats([a, a, b, b]) == 2
-    assert _repeats([a, a, a, b, b, b]) == 3
-    assert _repeats([a, a, a, a]) == 4
-    assert _repeats([a, b]) == 1
-    assert _repeats([a, a, b]) == 1
-    assert _repeats([a]) == 1
-    assert _repeats([a, a, b, b, b, b]) == 2       # runs of 2 and 4: blocks of 2
-    assert _repeats([a, a, b, b, a, a]) == 2       # a prompt that comes back later starts a block of its own
-    assert _repeats([a, a], [[1, 1, 1], [0, 1, 1]]) == 1   # equal ids, different masks: different rows
-
-
-def _blocks_equal(ids: np.ndarray, r: int) -> bool:
-    return ids.shape[0] % r == 0 and all((ids[k:k + r] == ids[k]).all() for k in range(0, ids.shape[0], r))
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 6)), min_size=1, max_size=6))
-def test_prompt_repeats_is_the_largest_block_size(runs):
-    """Rows made of runs of prompts (a prompt may follow itself): the result is the largest ``r`` whose consecutive
-    blocks of ``r`` rows are each one prompt, by brute force over every divisor of the row count."""
-    prompts = np.array([[3, 4], [5, 6], [7, 8]], np.int32)
-    ids = np.concatenate([np.repeat(prompts[p:p + 1], n, axis=0) for p, n in runs])
-    r = gen.prompt_repeats(ids, np.ones_like(ids))
-    best = max(d for d in range(1, ids.shape[0] + 1) if _blocks_equal(ids, d))
-    assert r == best
-
-
 def _shared_and_per_row(model, ids, mask, **kw):
     kw = dict(max_new_tokens=N_NEW, eos_token_id=None, **kw)
     return [generate(model, ids, mask, jax.random.key(11), share_prefill=s, **kw) for s in (True, False)]
@@ -453,17 +421,20 @@ def test_shared_prefill_runs_on_one_row_per_prompt(monkeypatch):
 
 
 def test_shared_prefill_on_a_mesh_equals_one_device():
-    """The model sharded over 8 devices (data 2 x fsdp 4) with 3 prompts x 4 samples (3 prefill rows do not split
-    over the data axis): the same samples as one device's row-by-row prefill."""
+    """The model sharded over 8 devices (data 2 x fsdp 4): 8 prompts x 2 samples prefill 8 rows, split over the
+    devices; 3 prompts x 4 samples (3 rows do not split 8 ways) prefill every row. Both give one device's
+    row-by-row samples."""
     from jaxppo.models import shard_model
     from jaxppo.parallel import make_mesh
 
-    ids, mask = left_padded_prompts(tiny_lm("llama").config.vocab_size, lengths=(7, 4, 1), width=7, seed=4)
-    ids, mask = np.repeat(ids, 4, axis=0), np.repeat(mask, 4, axis=0)
-    kw = dict(max_new_tokens=N_NEW, temperature=0.8, top_k=7)
-    one = generate(tiny_lm("llama", seed=5), ids, mask, jax.random.key(3), share_prefill=False, **kw)
     mesh = make_mesh(2, 4, 1)
     sharded = shard_model(tiny_lm("llama", seed=5), mesh)
-    out = generate(sharded, ids, mask, jax.random.key(3), **kw)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
-    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=1e-5)
+    kw = dict(max_new_tokens=N_NEW, temperature=0.8, top_k=7)
+    for lengths, r, used in (((7, 4, 1, 2, 6, 5, 3, 7), 2, 2), ((7, 4, 1), 4, 1)):
+        ids, mask = left_padded_prompts(sharded.config.vocab_size, lengths=lengths, width=7, seed=4)
+        ids, mask = np.repeat(ids, r, axis=0), np.repeat(mask, r, axis=0)
+        assert shared_rows(ids, mask, nnx.state(sharded)) == used
+        one = generate(tiny_lm("llama", seed=5), ids, mask, jax.random.key(3), share_prefill=False, **kw)
+        out = generate(sharded, ids, mask, jax.random.key(3), **kw)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(one.tokens))
+        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(one.logprobs), atol=1e-5)

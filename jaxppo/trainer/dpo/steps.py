@@ -248,7 +248,7 @@ def pair_logps(graphdef: Any, params: Any, arrays: dict[str, np.ndarray], batch_
     shape: the last batch is padded with copies of its first row and cut). ``packing``: each batch's pairs run as
     packed rows, each prompt once (:func:`plan_pairs`, one piece; at most 8 programs, logged via
     ``packing.ProgramLog``)."""
-    from jaxppo.data.behaviour import batch_multiple
+    from jaxppo.models.sharding import batch_multiple
     from jaxppo.models.packing import ProgramLog
 
     n = arrays["prompt_ids"].shape[0]
