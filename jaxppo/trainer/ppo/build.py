@@ -24,6 +24,7 @@ import numpy as np
 from jaxppo import replay as replay_lib
 from jaxppo.config import ConfigError
 from jaxppo.optim import init_optimizer, lr_schedule, make_optimizer, replicate_leaves, shardings_of
+from jaxppo.parallel import batch_divisor
 from jaxppo.trainer.harness import check_rows
 from jaxppo.trainer.micro import check_mesh
 from jaxppo.trainer.policy import LoadedPolicy, Policy, PolicyRun, load_policy, split_policy
@@ -40,6 +41,7 @@ from jaxppo.trainer.ppo.windows import (
     group_order,
     group_windows,
     make_replay,
+    prompt_group_size,
     window_items,
     window_slots,
 )
@@ -130,14 +132,16 @@ class Core:
 
 
 def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params, replay_state, *,
-               chunk: int, hp: StepHP, base=None) -> Core:
+               chunk: int, hp: StepHP, base=None, prompt_group: int | None = None) -> Core:
     """Optimizers, the initial ``TrainState`` and the jitted prepare/step: ONE code path for ``build_run``
     (concrete arrays on ``mesh``) and ``jaxppo.plan`` (``ShapeDtypeStruct`` leaves carrying their shardings,
     nothing allocated). Optimizer states are sharded like their parameters (``init_optimizer``); the scalar
     fields are replicated. ``critic_params=None`` (critic-free estimator): no critic optimizer, ``critic`` and
     ``critic_opt`` None. ``base``: the frozen base of models with adapters (``actor_params`` / ``critic_params``
     are then only their trainable parts), an argument of the jitted functions (``jaxppo.trainer.with_base``).
-    ``hp``: the config's ``step_hparams``."""
+    ``hp``: the config's ``step_hparams``. ``prompt_group``: rows per prompt in the buffer's layout
+    (``windows.prompt_group_size``; default ``replay.group_size``), which the prepare pass runs each prompt once
+    for."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     if (critic_params is None) != (hp.critic is None):
@@ -169,7 +173,7 @@ def build_core(cfg: Any, mesh, actor_gd, actor_params, critic_gd, critic_params,
     shardings = shardings_of(state)
     capacity = replay_state.capacity
     prepare = make_prepare_fn(actor_gd, critic_gd, chunk=min(chunk, capacity), state_shardings=shardings, hp=hp,
-                              base=base, packed=bool(cfg.data.packing))
+                              base=base, packed=bool(cfg.data.packing), group_size=prompt_group)
     step = make_train_step(hp, actor_gd, critic_gd, actor_tx, critic_tx, lr_schedule(cfg.actor.optim, total),
                            None if critic_tx is None else lr_schedule(cfg.critic.optim, total),
                            state_shardings=shardings, mesh=mesh, base=base, packed=bool(cfg.data.packing))
@@ -236,8 +240,9 @@ def assemble_run(cfg: Any, loaded: LoadedPolicy, train: dict[str, np.ndarray], h
     critic_gd = critic_params = None
     if with_critic:
         critic_gd, critic_params = build_critic(cfg, actor_model, mesh=mesh, rules=rules)
+    prompt_group = prompt_group_size(train, cfg.replay.group_size, chunk, batch_divisor(mesh))
     core = build_core(cfg, mesh, pol.graphdef, pol.params, critic_gd, critic_params, rs, chunk=chunk, hp=hp,
-                      base=pol.base)
+                      base=pol.base, prompt_group=prompt_group)
     trainable = _n_params((pol.params, critic_params))
     total = trainable + _n_params(pol.base)
     if spec is not None:

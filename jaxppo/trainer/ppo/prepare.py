@@ -77,7 +77,7 @@ def buffer_priority(hp: StepHP, *, delta: jax.Array | None, advantages: jax.Arra
 
 
 def make_prepare_fn(actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardings=None, base=None,
-                    packed: bool = False):
+                    packed: bool = False, group_size: int | None = None):
     """Jitted ``state -> state`` that recomputes every prepared array and priority of the buffer: the buffer's
     ``BufferItem.prepared`` (``batch.Prepared``) is replaced, its ``data`` kept.
 
@@ -87,11 +87,13 @@ def make_prepare_fn(actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardi
     advantages of critic estimators only (the critic-free ones normalise per group / batch themselves).
     ``base``: the frozen base of models with adapters (``jaxppo.trainer.with_base``).
 
-    ``replay.group_size = n > 1``: the buffer holds whole prompt groups in order (``windows.check_whole_groups``,
-    ``group_windows``; its padding slots make whole blocks of ``n`` too, the capacity being a multiple of the chunk,
-    itself a multiple of ``n``), so the forward passes run in the update step's layout: every strided chunk holds
-    whole groups (``micro.chunked_map(group_size=n)``), each group's prompt goes through the trunk once
-    (``forward.response_hidden``), and the outputs come back in buffer order.
+    ``group_size = n > 1`` (default ``replay.group_size``; the build passes ``windows.prompt_group_size``, which is
+    also ``n`` when every prompt group of the data has ``n`` rows with one prompt): the buffer holds whole prompt
+    groups in order (``windows.group_windows``; its padding slots make whole blocks of ``n`` too, the capacity being a
+    multiple of the chunk, itself a multiple of ``n``), so every strided chunk holds whole groups
+    (``micro.chunked_map(group_size=n)``), each group's prompt goes through the trunk once
+    (``forward.response_hidden``), and the outputs come back in buffer order: the row layout's values up to float
+    summation order.
 
     ``packed``: the forward passes run on packed rows, one plan per chunk (:func:`jaxppo.trainer.packed.plan_pieces`
     of the buffer's token fields, made on the host when a window is loaded and reused until the next:
@@ -105,7 +107,7 @@ def make_prepare_fn(actor_gd, critic_gd, *, chunk: int, hp: StepHP, state_shardi
     prioritized = hp.replay.prioritized
     mesh = None if state_shardings is None else state_shardings.rng.mesh
 
-    n = hp.replay.group_size
+    n = hp.replay.group_size if group_size is None else int(group_size)
 
     def prepare_with(state, plan, base):
         item: BufferItem = state.replay.storage

@@ -22,28 +22,50 @@ from jaxppo.trainer.ppo.buffer_types import TRAJECTORY_DTYPES, BufferItem, Traje
 from jaxppo.trainer.ppo.state import TrainState
 
 
-def check_whole_groups(train: dict[str, np.ndarray], group_size: int) -> None:
-    """``replay.group_size = n > 1``: every prompt group of the (group-ordered) training rows has exactly ``n`` rows
-    and one prompt (the same ``prompt_ids`` and ``prompt_mask`` in each row); ``ValueError`` naming the first group
-    that does not, and how many do not."""
+def whole_groups_problem(train: dict[str, np.ndarray], group_size: int) -> str | None:
+    """Why the (group-ordered) training rows are not whole prompt groups of ``group_size`` rows with one prompt each
+    (the same ``prompt_ids`` and ``prompt_mask`` in each row), naming the first group that is not; None when
+    they are."""
     gid = np.asarray(train["group_id"])
     starts, sizes = group_runs(gid)
     bad = np.flatnonzero(sizes != group_size)
     if bad.size:
         g = int(gid[starts[bad[0]]])
-        raise ValueError(f"replay.group_size={group_size}: {bad.size} of {len(starts)} prompt groups do not have "
-                         f"{group_size} training rows (group_id {g} has {int(sizes[bad[0]])}); every group needs "
-                         "exactly replay.group_size responses (or set replay.group_size=1)")
+        return (f"{bad.size} of {len(starts)} prompt groups do not have {group_size} training rows (group_id {g} has "
+                f"{int(sizes[bad[0]])})")
     for key in ("prompt_ids", "prompt_mask"):
         x = np.asarray(train[key]).reshape(len(starts), group_size, -1)
         differs = np.flatnonzero((x != x[:, :1]).any(axis=(1, 2)))
         if differs.size:
             g = int(gid[starts[differs[0]]])
-            raise ValueError(f"replay.group_size={group_size}: the rows of {differs.size} prompt groups do not share "
-                             f"one prompt ({key} differs within group_id {g}); a group must be n responses to the "
-                             "same prompt")
+            return (f"the rows of {differs.size} prompt groups do not share one prompt ({key} differs within "
+                    f"group_id {g})")
+    return None
 
 
+def check_whole_groups(train: dict[str, np.ndarray], group_size: int) -> None:
+    """``replay.group_size = n > 1``: every prompt group of the (group-ordered) training rows has exactly ``n`` rows
+    and one prompt; ``ValueError`` naming the first group that does not, and how many do not."""
+    problem = whole_groups_problem(train, group_size)
+    if problem is not None:
+        raise ValueError(f"replay.group_size={group_size}: {problem}; every group needs exactly replay.group_size "
+                         "responses to the same prompt (or set replay.group_size=1)")
+
+
+def prompt_group_size(train: dict[str, np.ndarray], group_size: int, chunk: int, shards: int) -> int:
+    """Rows per prompt in the buffer's layout, which the prepare pass runs each prompt once for
+    (``make_prepare_fn(..., group_size)``): ``replay.group_size`` when it is above 1; otherwise ``n`` when every prompt
+    group of the (group-ordered) training rows has the same ``n > 1`` rows with one prompt (``rollout.n`` answers of
+    each prompt) and each batch shard's part of a prepare chunk (``chunk / shards`` rows) holds whole groups; else 1.
+    Buffer windows are whole groups and the buffer's slots a multiple of ``chunk``, so every block of ``n`` slots
+    is then one group (slots past a window repeat its last row)."""
+    if group_size > 1:
+        return group_size
+    _, sizes = group_runs(train["group_id"])
+    n = int(sizes[0]) if len(sizes) else 1
+    if n < 2 or chunk % shards or (chunk // shards) % n or whole_groups_problem(train, n) is not None:
+        return 1
+    return n
 def _round_up(x: int, m: int) -> int:
     return int(math.ceil(x / m) * m)
 
@@ -142,4 +164,4 @@ def load_window(run: Any, state: TrainState, refresh_index: int) -> TrainState:
 
 
 __all__ = ["buffer_layout", "check_whole_groups", "group_order", "group_runs", "group_windows", "load_window",
-           "make_replay", "window_items", "window_slots"]
+           "make_replay", "prompt_group_size", "whole_groups_problem", "window_items", "window_slots"]

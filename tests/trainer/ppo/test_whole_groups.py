@@ -20,7 +20,7 @@ from jaxppo.trainer.micro import strided_split
 from jaxppo.trainer.ppo.forward import response_hidden, response_logits, response_logits_values, response_values
 from jaxppo.trainer.ppo.hparams import step_hparams
 from jaxppo.trainer.ppo.build import build_run
-from jaxppo.trainer.ppo.windows import check_whole_groups
+from jaxppo.trainer.ppo.windows import check_whole_groups, prompt_group_size
 from jaxppo.trainer.micro import chunked_map, group_micro_order
 from jaxppo.trainer.ppo.steps import make_phases
 
@@ -312,3 +312,55 @@ def test_lora_with_dropout_and_whole_groups_trains(make_cfg_module):
         l1 = jax.jit(ph1.loss_fn)(params, batch, w, None)[0]
         l4 = jax.jit(ph4.loss_fn)(params, batch, w, None)[0]
         np.testing.assert_allclose(float(l4), float(l1), rtol=1e-5, atol=1e-6)
+
+
+def test_prompt_group_size_hand_cases():
+    """Rows per prompt for the prepare pass's layout: replay.group_size when above 1; else the data's group size
+    when every group has it with one prompt and each batch shard's part of a chunk holds whole groups; else 1."""
+    ids = np.tile(np.arange(6)[None, :], (8, 1))
+    ids[4:] += 10
+    train = {"group_id": np.repeat([5, 7], 4), "prompt_ids": ids, "prompt_mask": np.ones_like(ids)}
+    assert prompt_group_size(train, 1, chunk=8, shards=1) == 4
+    assert prompt_group_size(train, 1, chunk=16, shards=2) == 4      # 8 rows a shard: 2 groups
+    assert prompt_group_size(train, 1, chunk=8, shards=8) == 1       # 1 row a shard splits every group
+    assert prompt_group_size(train, 1, chunk=6, shards=1) == 1       # 6 rows are not whole groups of 4
+    assert prompt_group_size(train, 2, chunk=8, shards=1) == 2       # replay.group_size decides
+    assert prompt_group_size(dict(train, group_id=np.array([5, 5, 5, 7, 7, 7, 7, 7])), 1, 8, 1) == 1   # 3 and 5 rows
+    assert prompt_group_size(dict(train, group_id=np.arange(8)), 1, 8, 1) == 1                        # one row each
+    bad = dict(train, prompt_ids=ids.copy())
+    bad["prompt_ids"][6, 2] = 99                                     # two prompts in group 7
+    assert prompt_group_size(bad, 1, 8, 1) == 1
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_prepare_runs_each_prompt_once_for_grouped_data(make_cfg_module, monkeypatch, devices):
+    """replay.group_size=1 on data of 4 answers a prompt (1 device, and 2 devices where each shard's 4 rows of a
+    chunk are one group): the build gives the prepare pass groups of 4, and its prepared buffer equals the row
+    layout's (group_size=1) on the same state within float32 rounding: proximal log-probs, values, token rewards,
+    advantages, returns and the sampling priorities."""
+    import jaxppo.trainer.ppo.build as build_mod
+    from jaxppo.optim import shardings_of
+    from jaxppo.trainer.ppo.prepare import make_prepare_fn
+
+    seen = []
+    real = build_mod.make_prepare_fn
+
+    def spy(*args, **kw):
+        seen.append(kw["group_size"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(build_mod, "make_prepare_fn", spy)
+    cfg = make_cfg_module("algorithm.adv_estimator=gae", f"mesh.fsdp={devices}")
+    run = build_run(cfg, devices=jax.devices()[:devices])
+    assert seen == [4]
+    shardings = shardings_of(run.state)
+    rows_fn = make_prepare_fn(run.actor_gd, run.critic_gd, chunk=8, hp=step_hparams(cfg), state_shardings=shardings,
+                              base=run.parts.base, group_size=1)
+    copy = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, run.state)
+    grouped, rows = run.prepare(run.state), rows_fn(copy)
+    a, b = grouped.replay.storage.prepared, rows.replay.storage.prepared
+    for f in ("prox_logp", "values", "token_rewards", "advantages", "returns"):
+        np.testing.assert_allclose(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), atol=2e-5, err_msg=f)
+    np.testing.assert_allclose(np.asarray(grouped.replay.priorities), np.asarray(rows.replay.priorities),
+                               rtol=1e-4, atol=1e-6)
+    assert np.abs(np.asarray(a.prox_logp)).sum() > 0 and np.abs(np.asarray(a.values)).sum() > 0
