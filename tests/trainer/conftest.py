@@ -67,3 +67,17 @@ def make_cfg(tmp_path, stories_model, scored_data):
 
 def overrides_for_cli(stories_model: Path, scored_data: Path, out: Path, *extra: str) -> list[str]:
     return [f"model.path={stories_model}", f"data.path={scored_data}", f"trainer.output_dir={out}", *TINY, *extra]
+
+
+def row_layout_prepare(run):
+    """The prepare pass of ``run`` (a ``build_run`` result, not packed) in the row layout, every row through the trunk
+    with its own prompt (``make_prepare_fn(..., group_size=1)``): the reference of the shared-prompt layout that the
+    build picks for data of whole prompt groups (``windows.prompt_group_size``)."""
+    from jaxppo.optim import shardings_of
+    from jaxppo.trainer.ppo.hparams import step_hparams
+    from jaxppo.trainer.ppo.prepare import make_prepare_fn
+
+    a = run.cfg.actor
+    return make_prepare_fn(run.actor_gd, run.critic_gd, chunk=a.ppo_micro_batch_size or a.ppo_mini_batch_size,
+                           hp=step_hparams(run.cfg), state_shardings=shardings_of(run.state), base=run.parts.base,
+                           group_size=1)

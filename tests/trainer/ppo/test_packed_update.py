@@ -81,7 +81,10 @@ def test_plan_hands_each_strided_micro_batch_its_own_layout():
 
 @pytest.mark.slow
 def test_packed_update_equals_padded_for_ten_steps(make_cfg):
-    """The smoke-size run: every metric of the first 10 steps and the final parameters agree (float32, 1e-5)."""
+    """The smoke-size run: every metric of the first 10 steps agrees (float32, 1e-5), and the final parameters within
+    1e-4 (a fifth of one Adam step at the actor's lr 5e-4: Adam scales each element's update to about lr whatever
+    its gradient, so an element whose gradient is near 0 carries the two layouts' summation-order differences at
+    that scale)."""
     padded = build_run(make_cfg("trainer.total_steps=10"), devices=jax.devices()[:1])
     packed = build_run(make_cfg("trainer.total_steps=10", "data.packing=true"), devices=jax.devices()[:1])
     assert isinstance(packed.step, PackedStep) and not isinstance(padded.step, PackedStep)
@@ -91,8 +94,8 @@ def test_packed_update_equals_padded_for_ten_steps(make_cfg):
         assert set(a) == set(b)
         for k in a:
             assert b[k] == pytest.approx(a[k], **TOL), k
-    _close(s0.actor, s1.actor)
-    _close(s0.critic, s1.critic)
+    _close(s0.actor, s1.actor, rel=1e-4, abs=1e-4)
+    _close(s0.critic, s1.critic, rel=1e-4, abs=1e-4)
     assert 1 <= len(packed.step.programs) <= 8       # bounded compiled programs (row budgets)
 
 

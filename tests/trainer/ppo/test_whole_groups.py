@@ -155,15 +155,21 @@ def test_losses_and_gradients_equal_the_row_layout(gae_run, share_trunk):
 def test_prepare_pass_in_whole_groups_equals_the_row_layout(make_cfg_module, over):
     """The prepare pass over the whole buffer (15 chunks of 8 rows) with replay.group_size=4 (rows reordered so
     every chunk holds whole groups, each prompt through the trunk once, outputs back in buffer order) gives the
-    row layout's proximal log-probs, values, advantages, returns and stored priorities, slot by slot."""
+    row layout's proximal log-probs, values, advantages, returns and stored priorities, slot by slot. With
+    replay.group_size=1 on this data (every prompt group has 4 rows) the build picks the same prepare layout."""
+    from tests.trainer.conftest import row_layout_prepare
+
     runs = [build_run(make_cfg_module(*over, f"replay.group_size={n}"), devices=jax.devices()[:1]) for n in (1, N)]
     rows, groups = (jax.device_get(r.state.replay.storage.data) for r in runs)
     assert rows.response_ids.shape[0] // runs[0].cfg.actor.ppo_micro_batch_size == 15
     for a, b in zip(jax.tree.leaves(rows), jax.tree.leaves(groups)):
         np.testing.assert_array_equal(a, b)                     # the same buffer
-    flops = [r.prepare.lower(r.state).compile().cost_analysis()["flops"] for r in runs]
+    row_prepare = row_layout_prepare(runs[0])
+    flops = [p.lower(r.state).compile().cost_analysis()["flops"]
+             for p, r in ((row_prepare, runs[0]), (runs[1].prepare, runs[1]), (runs[0].prepare, runs[0]))]
     assert flops[1] < 0.85 * flops[0], flops   # each prompt once: (16 + 4·16) / (4·32) of the trunk's positions
-    one, four = (jax.device_get(r.prepare(r.state).replay) for r in runs)
+    assert flops[2] == flops[1], flops        # replay.group_size=1 on whole groups: the same layout
+    one, four = jax.device_get(row_prepare(runs[0].state).replay), jax.device_get(runs[1].prepare(runs[1].state).replay)
     m = np.asarray(rows.response_mask, bool)
     p1, p4 = one.storage.prepared, four.storage.prepared
     assert (p1.values is None) == (p4.values is None) == ("grpo" in over[0])
