@@ -13,6 +13,7 @@ full-size partial sums [all rows, out] to all-reduce). The LM head is vocab-para
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import jax
@@ -90,12 +91,10 @@ def batch_multiple(state) -> int:
     """The size of the batch axes (``data × fsdp``) of the mesh the model's parameters ``state`` live on (1 off a
     mesh): packed row counts are rounded up to a multiple of it, and shared-prompt passes use it, so the rows split
     evenly over the devices."""
-    import numpy as np
-
     for leaf in jax.tree.leaves(state):
         mesh = mesh_of(leaf) if isinstance(leaf, jax.Array) else None
         if mesh is not None:
-            return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.shape]))
+            return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
     return 1
 
 
