@@ -9,9 +9,12 @@ reused. The record holds the process's wall time and, from the run's ``summary.j
 - ``setup_s`` (config, model load, data collection when ``data.collect_if_missing``, tokenization, the behaviour
   pass, building the run), ``train_s`` (the step loop: updates, refreshes of the buffer window, the evaluations at
   ``trainer.eval_every``, perplexity checks, checkpoints), ``first_step_s`` (the first update, with its compile),
-  ``eval_s`` (the final before/after evaluation), ``total_s``;
-- ``update_steps_s``: the update steps' own time (the last step's ``perf/train_time_s``), so
-  ``train_s - update_steps_s`` is what the loop spends beside the updates;
+  and inside ``train_s`` the phases ``evaluations_s`` (the held-out evaluations, step 0 included),
+  ``perplexity_s`` (the perplexity checks and their baseline), ``checkpoints_s`` (waits for checkpoint writes);
+  ``eval_s`` (the final before/after evaluation), ``export_s`` (``hf/`` and plots), ``total_s``
+  (``jaxppo.trainer.harness``);
+- ``update_steps_s``: the update steps' own time (the last step's ``perf/train_time_s``), the refreshes of the buffer
+  window included (dispatched before a step, waited for inside it);
 - the result: ``eval/reward_before``, ``eval/reward_after``, the gain and its paired bootstrap 95% interval.
 
 Run it on an idle machine: the record carries the load average before and after, the machine
@@ -33,8 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-SUMMARY_KEYS = ("time/setup_s", "time/train_s", "time/first_step_s", "time/eval_s", "time/total_s",
-                "eval/reward_before", "eval/reward_after", "eval/reward_gain", "eval/reward_gain_ci95", "eval/kl")
+SUMMARY_KEYS = ("time/setup_s", "time/train_s", "time/first_step_s", "time/evaluations_s", "time/perplexity_s",
+                "time/checkpoints_s", "time/eval_s", "time/export_s", "time/total_s", "eval/reward_before",
+                "eval/reward_after", "eval/reward_gain", "eval/reward_gain_ci95", "eval/kl")
 
 
 def run_main_job(config: str, overrides: list[str], folder: Path) -> dict:
@@ -75,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"{args.config}: {rec['wall_s']:.1f} s wall (setup {rec['time/setup_s']:.1f} s, loop "
-          f"{rec['time/train_s']:.1f} s of which updates {rec['update_steps_s']:.1f} s, final evaluation "
-          f"{rec['time/eval_s']:.1f} s); gain {rec['eval/reward_gain']} {rec['eval/reward_gain_ci95']}; "
+          f"{rec['time/train_s']:.1f} s of which updates {rec['update_steps_s']:.1f} s, evaluations "
+          f"{rec['time/evaluations_s']:.1f} s, perplexity {rec['time/perplexity_s']:.1f} s, checkpoints "
+          f"{rec['time/checkpoints_s']:.1f} s); gain {rec['eval/reward_gain']} {rec['eval/reward_gain_ci95']}; "
           f"load {rec['load_before'][0]:.2f} -> {rec['load_after'][0]:.2f}")
     return 0
 

@@ -28,16 +28,23 @@ harness owns everything else, once:
 - preemption: SIGTERM / SIGINT during the step loop stop the run after the current step, agreed by every process,
   with that step's checkpoint written completely (:mod:`jaxppo.trainer.preemption`: ``Preempted`` is raised; a second
   signal aborts at once);
-- the end: the trainer's final summary, ``hf/`` export, ``plots/`` and ``summary.json``.
+- the end: the trainer's final summary, ``hf/`` export, ``plots/`` and ``summary.json``, with the wall seconds of
+  each phase: ``time/setup_s`` (build), ``time/train_s`` (the trainer's start and the step loop) and inside it ``time/evaluations_s``
+  (the trainer's evaluations, step 0 included), ``time/perplexity_s`` (the perplexity checks, the baseline
+  included) and ``time/checkpoints_s`` (what the loop waits for checkpoint writes); ``time/first_step_s`` (the
+  first update, with its compile), ``time/eval_s`` (the final evaluation), ``time/export_s`` (``hf/`` and plots),
+  ``time/total_s``. Each counts this process's run (a resumed run starts its clocks again; ``perf/train_time_s``,
+  the update steps' own time, carries over).
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -235,6 +242,27 @@ def apply_action(algo: Algorithm, ckpt: Checkpointer, state: RunState, act: Any,
 
 
 @dataclass
+class Clocks:
+    """Wall seconds the step loop spends beside the updates, by phase (module doc: ``time/<phase>_s``)."""
+
+    evaluations: float = 0.0
+    perplexity: float = 0.0
+    checkpoints: float = 0.0
+
+    @contextlib.contextmanager
+    def timing(self, phase: str):
+        """Add the wall time of the ``with`` body to ``phase``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, phase, getattr(self, phase) + time.perf_counter() - t0)
+
+    def summary(self) -> dict[str, float]:
+        return {f"time/{k}_s": v for k, v in vars(self).items()}
+
+
+@dataclass
 class Loop:
     """What the step loop threads besides the state: the run's pieces and the clocks. ``train_time`` is the
     cumulative update-step time (evaluation, checkpoints and logging excluded), carried across resumes;
@@ -249,6 +277,7 @@ class Loop:
     have_heldout: bool
     train_time: float
     compile_s: float | None = None
+    clocks: Clocks = field(default_factory=Clocks)
 
 
 @dataclass
@@ -262,15 +291,18 @@ class StepOutcome:
     evaluated: bool
 
 
-def open_algorithm(rs: RunStart, algorithm: Callable[[Any, RunStart], Algorithm]) -> tuple[Algorithm, bool, dict]:
+def open_algorithm(rs: RunStart, algorithm: Callable[[Any, RunStart], Algorithm],
+                   clocks: Clocks) -> tuple[Algorithm, bool, dict]:
     """The trainer on the started run: ``(algo, have_heldout, data summary)``; the perplexity baseline is taken
-    here when the guards have none yet. The checkpointer is closed when this fails."""
+    here (timed in ``clocks``) when the guards have none yet. The checkpointer is closed when this fails."""
     try:
         data_summary = show_report(getattr(rs.run, "report", None))
         algo = algorithm(rs.run, rs)
         have_heldout = algo.heldout_sequences()["prompt_ids"].shape[0] > 0
         if rs.guards.ppl_baseline is None and have_heldout:
-            rs.guards.check_perplexity(0, heldout_ppl(algo, rs.state.actor))
+            with clocks.timing("perplexity"):
+                baseline = heldout_ppl(algo, rs.state.actor)
+            rs.guards.check_perplexity(0, baseline)
     except BaseException:
         rs.ckpt.close()
         raise
@@ -282,9 +314,11 @@ def begin_from_scratch(loop: Loop, state: RunState) -> None:
     when a run killed before its first step resumes from it), and the trainer's step-0 metrics."""
     algo, tc = loop.algo, loop.tc
     if 0 not in loop.ckpt.all_steps():
-        loop.ckpt.save(0, state, _meta(algo, loop.guards, loop.train_time), verified=loop.have_heldout)
+        with loop.clocks.timing("checkpoints"):
+            loop.ckpt.save(0, state, _meta(algo, loop.guards, loop.train_time), verified=loop.have_heldout)
     if tc.eval_every and algo.can_evaluate:
-        first = algo.initial_metrics()
+        with loop.clocks.timing("evaluations"):
+            first = algo.initial_metrics()
         if first:
             loop.mlog.log(0, first)
 
@@ -308,11 +342,13 @@ def train_step(loop: Loop, state: RunState, s: int) -> tuple[RunState, StepOutco
     actions = guards.check_nan(step_no, nan_streak, nan_total)
     ppl_checked = loop.have_heldout and guards.should_check_perplexity(step_no)
     if ppl_checked:
-        metrics["eval/perplexity"] = heldout_ppl(algo, state.actor)
+        with loop.clocks.timing("perplexity"):
+            metrics["eval/perplexity"] = heldout_ppl(algo, state.actor)
         actions += guards.check_perplexity(step_no, metrics["eval/perplexity"])
     evaluated = bool(tc.eval_every) and step_no % tc.eval_every == 0 and algo.can_evaluate
     if evaluated:
-        metrics.update(algo.evaluate(state.actor))
+        with loop.clocks.timing("evaluations"):
+            metrics.update(algo.evaluate(state.actor))
     algo.step_extras(state, step_no, metrics)
     actions += guards.check(step_no, metrics)   # KL and the policy's generation length
     return state, StepOutcome(metrics, actions, ppl_checked, evaluated)
@@ -343,7 +379,9 @@ def after_step(loop: Loop, state: RunState, step_no: int, out: StepOutcome) -> R
     verified = out.ppl_checked and not any(a.kind == "rollback" for a in out.actions)
     preempted = loop.watch.requested()   # the same answer on every process
     if should_save(tc, step_no, verified, preempted):
-        if not ckpt.save(step_no, state, _meta(algo, loop.guards, loop.train_time), verified=verified):
+        with loop.clocks.timing("checkpoints"):
+            saved = ckpt.save(step_no, state, _meta(algo, loop.guards, loop.train_time), verified=verified)
+        if not saved:
             mlog.event(step_no, "checkpoint_skipped", "parameters are not finite; checkpoint not written")
     if preempted:
         ckpt.wait()
@@ -368,26 +406,27 @@ def fit(cfg: Any, algorithm: Callable[[Any, RunStart], Algorithm], build: Callab
     rs = start_run(cfg, build, run)
     # from here on only `state` is threaded, `run` is read-only
     state, start = rs.state, rs.start
-    algo, have_heldout, data_summary = open_algorithm(rs, algorithm)
+    clocks, t_train0 = Clocks(), time.perf_counter()
+    algo, have_heldout, data_summary = open_algorithm(rs, algorithm, clocks)
     mlog = metrics_logger(cfg, rs.out, start, rs.ckpt)   # closes ckpt when it cannot be opened
     log_damaged(mlog, rs)
-    t_train0 = time.perf_counter()
     watch = PreemptionWatch().__enter__()   # SIGTERM/SIGINT: stop at the next step boundary with a checkpoint
     loop = Loop(algo, cfg.trainer, rs.ckpt, rs.guards, mlog, watch, have_heldout,
-                float(rs.meta.get("train_time_s", 0.0)))
+                float(rs.meta.get("train_time_s", 0.0)), clocks=clocks)
     try:
         if start == 0:
             begin_from_scratch(loop, state)
         for s in range(start, cfg.trainer.total_steps):
             state, out = train_step(loop, state, s)
             state = after_step(loop, state, s + 1, out)
-        rs.ckpt.wait()
+        with clocks.timing("checkpoints"):
+            rs.ckpt.wait()
     finally:
         watch.__exit__(None, None, None)
         mlog.close()
         rs.ckpt.close()
     timing = dict(setup_s=rs.t_setup, train_s=time.perf_counter() - t_train0, compile_s=loop.compile_s or 0.0,
-                  start_step=start, t_start=rs.t_start, data=data_summary)
+                  start_step=start, t_start=rs.t_start, data=data_summary, phases=clocks.summary())
     return finish(algo, state, rs.out, timing), state
 
 
@@ -400,22 +439,24 @@ def finish(algo: Algorithm, state: Any, out: Path, timing: dict[str, Any]) -> di
                                "nan_skipped_total": int(to_host(state.nan_total)), **algo.summary(state, out),
                                **timing.get("data", {}),
                                "time/setup_s": timing["setup_s"], "time/train_s": timing["train_s"],
-                               "time/first_step_s": timing["compile_s"]}
+                               "time/first_step_s": timing["compile_s"], **timing.get("phases", {})}
     t0 = time.perf_counter()
     summary.update(algo.final_evaluation(state, out))
     summary["time/eval_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     if cfg.trainer.save_hf:
         from jaxppo.hf import save_pretrained
 
         save_pretrained(algo.run.policy(state.actor), out / "hf", tokenizer=algo.run.tokenizer)
     if cfg.trainer.plots and is_main_process() and (out / "metrics.jsonl").is_file():
         summary["plots"] = [str(p) for p in algo.plot(out / "metrics.jsonl", out / "plots", summary)]
+    summary["time/export_s"] = time.perf_counter() - t0
     summary["time/total_s"] = time.perf_counter() - timing["t_start"]
     if is_main_process():
         (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
 
 
-__all__ = ["Algorithm", "Loop", "StepOutcome", "after_step", "apply_action", "begin_from_scratch", "check_rows",
-           "finish", "fit", "heldout_ppl", "log_damaged", "open_algorithm", "report_counts", "restore_fields",
+__all__ = ["Algorithm", "Clocks", "Loop", "StepOutcome", "after_step", "apply_action", "begin_from_scratch",
+           "check_rows", "finish", "fit", "heldout_ppl", "log_damaged", "open_algorithm", "report_counts", "restore_fields",
            "rollback", "should_log", "should_save", "show_report", "train_step"]

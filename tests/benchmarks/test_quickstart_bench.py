@@ -23,8 +23,11 @@ def test_a_tiny_main_job_writes_the_record(tmp_path, monkeypatch):
     assert "trainer.total_steps=2" in rec["command"] and rec["config"] == "configs/smoke.yaml"
     assert len(rec["load_before"]) == 3 and len(rec["load_after"]) == 3
     # the phases nest: updates within the loop, the loop and setup within the run, the run within the process
-    assert 0 < rec["update_steps_s"] <= rec["time/train_s"]
-    assert rec["time/setup_s"] + rec["time/train_s"] + rec["time/eval_s"] <= rec["time/total_s"] <= rec["wall_s"]
+    inside = rec["update_steps_s"] + rec["time/evaluations_s"] + rec["time/perplexity_s"] + rec["time/checkpoints_s"]
+    assert 0 < rec["update_steps_s"] and rec["time/evaluations_s"] > 0 and rec["time/perplexity_s"] > 0
+    assert rec["time/checkpoints_s"] > 0 and inside <= rec["time/train_s"]
+    assert (rec["time/setup_s"] + rec["time/train_s"] + rec["time/eval_s"] + rec["time/export_s"]
+            <= rec["time/total_s"] <= rec["wall_s"])
     assert abs(rec["eval/reward_gain"] - (rec["eval/reward_after"] - rec["eval/reward_before"])) < 1e-9
     lo, hi = rec["eval/reward_gain_ci95"]
     assert lo <= rec["eval/reward_gain"] <= hi
