@@ -129,6 +129,34 @@ def heldout_perplexity(model: nnx.Module, arrays: Mapping[str, np.ndarray], batc
     return float(np.exp(-(lp * mask).sum() / ntok))
 
 
+def even_batch(n: int, batch_size: int, unit: int = 1) -> int:
+    """The batch size ``b`` that runs ``n`` rows in the fewest batches of at most ``batch_size`` rows, each a whole
+    number of ``unit``-row blocks, as evenly as possible: with ``u = ceil(n / unit)`` blocks and
+    ``k = ceil(u / floor(batch_size / unit))`` batches, ``b = unit · ceil(u / k)``; the last batch is padded with
+    ``k·b − n < k·unit`` rows (a fixed ``b = batch_size`` pads up to ``batch_size − 1``). ``unit > batch_size``
+    gives ``min(batch_size, n)``."""
+    if n < 1 or batch_size < 1 or unit < 1:
+        raise ValueError(f"even_batch: n, batch_size and unit must be >= 1, got {n}, {batch_size}, {unit}")
+    if unit > batch_size:
+        return min(batch_size, n)
+    blocks = -(-n // unit)
+    k = -(-blocks // (batch_size // unit))
+    return unit * -(-blocks // k)
+
+
+def generation_batch(prompt_ids: np.ndarray, prompt_mask: np.ndarray, state, batch_size: int) -> int:
+    """:func:`even_batch` of the held-out rows, in blocks of ``r`` rows of one prompt
+    (``shared_prompts.prompt_repeats``) times the mesh's batch axes (``sharding.batch_multiple``), so each batch
+    keeps its prompts' samples together and splits over the devices; blocks of ``batch_multiple`` rows, then of one
+    row, when that block is larger than ``batch_size``."""
+    from jaxppo.models.sharding import batch_multiple
+    from jaxppo.models.shared_prompts import prompt_repeats
+
+    n, m = prompt_ids.shape[0], batch_multiple(state)
+    unit = next((u for u in (prompt_repeats(prompt_ids, prompt_mask) * m, m) if u <= batch_size), 1)
+    return even_batch(n, batch_size, unit)
+
+
 def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     return x if x.shape[0] == rows else np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], axis=0)])
 
@@ -177,8 +205,9 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
                     batch_size: int = 32, packing: bool = False) -> dict[str, Any]:
     """Generate, score and measure KL on held-out prompts (left-padded ``prompt_ids`` [N, P]).
 
-    Batch ``j`` samples with ``jax.random.fold_in(key, j)``; the last batch is padded with copies of
-    its first row (one compiled shape) and cut. Returns ``rewards`` (np.float32 [N]), ``kl`` (float,
+    The rows run in batches of :func:`generation_batch` rows (at most ``batch_size``, as even as whole blocks of
+    one prompt's samples allow); batch ``j`` samples with ``jax.random.fold_in(key, j)``; the last batch is padded
+    with copies of its first row (one compiled shape) and cut. Returns ``rewards`` (np.float32 [N]), ``kl`` (float,
     k1 over all generated tokens), ``response_length`` (mean generated tokens, EOS included),
     ``responses`` (decoded with ``skip_special_tokens=True``), ``prompts`` (decoded prompts) and the
     generated ``response_ids``/``response_mask`` (np.int32 [N, max_new_tokens]). The KL's policy term is the
@@ -199,9 +228,9 @@ def evaluate_policy(model: nnx.Module, ref_model: nnx.Module, tokenizer: Any, pr
         raise ValueError("evaluate_policy: no prompts")
     if batch_size < 1:
         raise ValueError(f"evaluate_policy: batch_size must be >= 1, got {batch_size}")
-    bs = min(batch_size, n)
     pol_gd, pol_state = nnx.split(model)
     ref_gd, ref_state = nnx.split(ref_model)
+    bs = generation_batch(prompt_ids, prompt_mask, pol_state, batch_size)
     same = pol_gd == ref_gd and same_arrays(pol_state, ref_state)
     tokens, masks, kl_num, kl_den = [], [], [], []
     for j, start in enumerate(range(0, n, bs)):
@@ -247,8 +276,9 @@ def generated_length(model: nnx.Module, prompt_ids: np.ndarray, prompt_mask: np.
                      batch_size: int = 32) -> float:
     """The policy's mean greedy generation length ``(1/N) Σ_i Σ_t m_it`` (EOS included) on ``prompt_ids`` [N, P].
 
-    Greedy decoding (temperature 0), so the probe depends only on the parameters; the last batch is
-    padded with copies of its first row (one compiled shape) and cut. The length guard's probe.
+    Greedy decoding (temperature 0), so the probe depends only on the parameters; batches of
+    :func:`generation_batch` rows, the last padded with copies of its first row (one compiled shape) and cut. The
+    length guard's probe.
     """
     from jaxppo.models import generate
 
@@ -259,7 +289,7 @@ def generated_length(model: nnx.Module, prompt_ids: np.ndarray, prompt_mask: np.
     if batch_size < 1:
         raise ValueError(f"generated_length: batch_size must be >= 1, got {batch_size}")
     n = prompt_ids.shape[0]
-    bs = min(batch_size, n)
+    bs = generation_batch(prompt_ids, prompt_mask, nnx.state(model), batch_size)
     total = 0.0
     for start in range(0, n, bs):
         m = min(bs, n - start)
@@ -384,5 +414,5 @@ def before_after(ev: HeldoutEval, out: str | Path, before: Callable[[], Mapping[
 
 
 __all__ = ["EVAL_KEY_SALT", "HeldoutEval", "before_after", "bootstrap_ci", "bootstrap_mean_ci", "compare",
-           "evaluate_policy", "final_summary", "generated_length", "heldout_eval", "heldout_eval_prompts", "heldout_perplexity",
-           "prompt_means", "same_arrays", "write_eval_samples"]
+           "evaluate_policy", "even_batch", "final_summary", "generated_length", "generation_batch", "heldout_eval",
+           "heldout_eval_prompts", "heldout_perplexity", "prompt_means", "same_arrays", "write_eval_samples"]

@@ -232,6 +232,76 @@ def test_evaluate_policy_kl_zero_against_itself_and_greedy_batch_invariance():
                         lambda p, r: np.zeros(1), jax.random.key(0), batch_size=4, **kw)
 
 
+@pytest.mark.parametrize("n,batch_size,unit,expected", [
+    (96, 64, 2, 48),    # 48 prompts x 2 samples: two batches of 48, not 64 + 32 padded to 64
+    (96, 64, 8, 48),
+    (160, 64, 8, 56),   # 3 batches of 7 blocks: 8 rows of padding, not 32
+    (7, 32, 1, 7),      # one batch of every row
+    (7, 32, 8, 8),      # one block of 8 (a mesh of 8): 1 row of padding, and the batch splits over the devices
+    (5, 2, 1, 2),
+    (64, 64, 1, 64),
+    (65, 64, 1, 33),
+    (10, 4, 8, 4),      # a block larger than the batch: min(batch_size, n)
+])
+def test_even_batch_hand_cases(n, batch_size, unit, expected):
+    from jaxppo.trainer.evaluation import even_batch
+
+    assert even_batch(n, batch_size, unit) == expected
+
+
+@given(st.integers(1, 400), st.integers(1, 96), st.integers(1, 16))
+def test_even_batch_is_the_smallest_whole_block_batch_with_the_fewest_batches(n, batch_size, unit):
+    from jaxppo.trainer.evaluation import even_batch
+
+    b = even_batch(n, batch_size, unit)
+    if unit > batch_size:
+        assert b == min(batch_size, n)
+        return
+    blocks = -(-n // unit)
+    # brute force over every whole-block batch size that fits: the fewest batches, then the smallest batch
+    sizes = [unit * j for j in range(1, batch_size // unit + 1)]
+    fewest = min(-(-blocks // (s // unit)) for s in sizes)
+    ref = min(s for s in sizes if -(-blocks // (s // unit)) == fewest)
+    assert b == ref and b % unit == 0 and b <= batch_size
+    k = -(-n // b)
+    assert k == fewest and k * b - n < k * unit
+
+
+def test_generation_batch_keeps_samples_together_and_splits_over_the_mesh(monkeypatch):
+    from jaxppo.models import sharding
+    from jaxppo.trainer.evaluation import generation_batch
+
+    arr = _arrays(29, seed=1)
+    pids, pmask = np.repeat(arr["prompt_ids"], 3, axis=0), np.repeat(arr["prompt_mask"], 3, axis=0)  # 4 prompts x 3
+    assert generation_batch(pids, pmask, None, 8) == 6      # blocks of 3: 2 batches of 2 prompts
+    assert generation_batch(pids, pmask, None, 2) == 2      # a block of 3 does not fit: rows, 6 batches of 2
+    monkeypatch.setattr(sharding, "batch_multiple", lambda state: 2)
+    assert generation_batch(pids, pmask, None, 8) == 6      # blocks of 3 x 2 devices: one block per batch
+    assert generation_batch(pids, pmask, None, 5) == 4      # 6 > 5: blocks of the 2 devices, 3 batches of 4
+
+
+def test_evaluate_policy_runs_even_batches(monkeypatch):
+    """12 rows (6 prompts x 2 samples) with ``batch_size=8`` run as 2 batches of 6, not 8 + 4 padded to 8."""
+    import jaxppo.models as models
+
+    shapes = []
+    generate = models.generate
+
+    def spy(model, ids, mask, key, **kw):
+        shapes.append(tuple(ids.shape))
+        return generate(model, ids, mask, key, **kw)
+
+    monkeypatch.setattr(models, "generate", spy)
+    pol = _tiny(0)
+    arr = _arrays(29, seed=2)
+    pids = np.repeat(np.concatenate([arr["prompt_ids"], arr["prompt_ids"][:2]]), 2, axis=0)
+    pmask = np.repeat(np.concatenate([arr["prompt_mask"], arr["prompt_mask"][:2]]), 2, axis=0)
+    rf = lambda prompts, responses: np.zeros(len(responses), np.float32)  # noqa: E731
+    out = evaluate_policy(pol, pol, CharTokenizer(), pids, pmask, rf, jax.random.key(0), max_new_tokens=4,
+                          temperature=1.0, eos_token_id=None, pad_token_id=0, batch_size=8)
+    assert shapes == [(6, 5), (6, 5)] and out["response_ids"].shape == (12, 4)
+
+
 def test_heldout_eval_prompts_one_per_group_repeated():
     from jaxppo.trainer.evaluation import heldout_eval_prompts
 
