@@ -49,12 +49,12 @@ def test_a_run_summary_has_its_phase_times_inside_the_loop(make_cfg, tmp_path, m
 
     monkeypatch.setattr(harness, "heldout_ppl", slow_ppl)
     monkeypatch.setattr(ppo.PPO, "evaluate", slow_evaluate)
-    cfg = make_cfg("trainer.total_steps=4", "guards.ppl_every=2", "trainer.eval_every=2", "trainer.save_every=2")
+    cfg = make_cfg("trainer.total_steps=2", "guards.ppl_every=1", "trainer.eval_every=1", "trainer.save_every=1")
     run = build_run(cfg, devices=jax.devices()[:1])
     ppo.train(cfg, run=run)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    # the baseline and steps 2 and 4; the evaluations at steps 2 and 4 (step 0 is the reference's own evaluation)
+    # the baseline and steps 1 and 2; the evaluations at steps 1 and 2 (step 0 is the reference's own evaluation)
     assert calls == {"ppl": 3, "eval": 2}
     assert summary["time/perplexity_s"] >= 3 * pause
     assert summary["time/evaluations_s"] >= 2 * pause
