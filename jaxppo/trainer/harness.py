@@ -29,12 +29,12 @@ harness owns everything else, once:
   with that step's checkpoint written completely (:mod:`jaxppo.trainer.preemption`: ``Preempted`` is raised; a second
   signal aborts at once);
 - the end: the trainer's final summary, ``hf/`` export, ``plots/`` and ``summary.json``, with the wall seconds of
-  each phase: ``time/setup_s`` (build), ``time/train_s`` (the trainer's start and the step loop) and inside it ``time/evaluations_s``
-  (the trainer's evaluations, step 0 included), ``time/perplexity_s`` (the perplexity checks, the baseline
-  included) and ``time/checkpoints_s`` (what the loop waits for checkpoint writes); ``time/first_step_s`` (the
-  first update, with its compile), ``time/eval_s`` (the final evaluation), ``time/export_s`` (``hf/`` and plots),
-  ``time/total_s``. Each counts this process's run (a resumed run starts its clocks again; ``perf/train_time_s``,
-  the update steps' own time, carries over).
+  each phase: ``time/setup_s`` (build), ``time/train_s`` (the trainer's start and the step loop) and inside it
+  ``time/evaluations_s`` (the trainer's evaluations, step 0 included), ``time/perplexity_s`` (the perplexity
+  checks, the baseline included) and ``time/checkpoints_s`` (what the loop waits for checkpoint writes);
+  ``time/first_step_s`` (the first update, with its compile), ``time/eval_s`` (the final evaluation),
+  ``time/export_s`` (``hf/`` and plots), ``time/total_s``. Each counts this process's run (a resumed run starts
+  its clocks again; ``perf/train_time_s``, the update steps' own time, carries over).
 """
 
 from __future__ import annotations
